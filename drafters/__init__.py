@@ -1,0 +1,15 @@
+"""Builtin drafters, registered through the same hook as third-party plugins."""
+
+from __future__ import annotations
+
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.hookspecs import hookimpl
+from specdec.protocols import Drafter
+
+__all__ = ["DraftModelDrafter", "NgramDrafter", "specdec_register_drafters"]
+
+
+@hookimpl
+def specdec_register_drafters() -> list[type[Drafter]]:
+    return [NgramDrafter, DraftModelDrafter]

@@ -1,0 +1,77 @@
+"""A separate, smaller causal LM as the drafter (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft model shares the target's tokenizer. It keeps its own KV cache through the same
+adapter as the target, rolled back to the committed prefix after each verify. Sampled drafts
+report the processed distribution each token was drawn from; greedy drafts are its argmax.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.protocols import DraftContext
+from specdec.sampling import sample
+from specdec.target import CausalLM
+from specdec.types import Draft
+
+__all__ = ["DraftModelDrafter"]
+
+
+def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
+    if isinstance(model, PreTrainedModel):
+        return model
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"draft-model: {str(path)!r} is not a model directory (no config.json)")
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(path).eval()
+    raise TypeError(f"draft-model: model= must be a transformers causal LM or a directory, got {model!r}")
+
+
+class DraftModelDrafter:
+    """Drafts with `model` (a causal LM or a checkpoint directory) on the target's vocabulary."""
+
+    name: ClassVar[str] = "draft-model"
+
+    def __init__(self, model: PreTrainedModel | str | Path) -> None:
+        self.lm = CausalLM(_load(model))
+        self._committed = 0  # len(ctx.tokens) when the last draft was proposed
+
+    def prefill(self, ctx: DraftContext) -> None:
+        if self.lm.vocab_size != ctx.vocab_size:
+            raise ValueError(
+                f"draft-model: vocabulary mismatch: the draft model has {self.lm.vocab_size} "
+                f"output tokens, the target {ctx.vocab_size}; use a draft model with the target's tokenizer"
+            )
+        if self.lm.device != ctx.target.device:
+            raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
+                             f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")
+        self.lm.reset()
+        if ctx.tokens.shape[0] > 1:
+            self.lm.forward(ctx.tokens[:-1], keep=1)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._committed = ctx.tokens.shape[0]
+        pending = ctx.tokens[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
+        drafted: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        for _ in range(k):
+            logits, _ = self.lm.forward(pending, keep=1)  # (1, V)
+            token, probs = sample(logits, ctx.sampling, ctx.generator)
+            drafted.append(token)
+            if probs is not None:
+                rows.append(probs)
+            pending = token
+        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        # The cache holds the C ids committed at propose time, then d_1..d_{k-1}: keep the
+        # committed part, never more than all but the newest committed id.
+        keep = min(self.lm.cache_length, self._committed + num_accepted, ctx.tokens.shape[0] - 1)
+        self.lm.rollback(keep)

@@ -1,0 +1,33 @@
+"""specdec: a drafter zoo for lossless speculative decoding, with one shared verifier.
+
+Importing specdec loads no plugins, models or files; the registry loads on first use.
+"""
+
+from __future__ import annotations
+
+from specdec.generate import generate
+from specdec.hookspecs import hookimpl
+from specdec.plugins import drafter_names, make_drafter
+from specdec.protocols import DraftContext, Drafter
+from specdec.sampling import probabilities
+from specdec.target import CausalLM
+from specdec.types import Draft, Generation, Sampling, Stats, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CausalLM",
+    "Draft",
+    "DraftContext",
+    "Drafter",
+    "Generation",
+    "Sampling",
+    "Stats",
+    "Verdict",
+    "__version__",
+    "drafter_names",
+    "generate",
+    "hookimpl",
+    "make_drafter",
+    "probabilities",
+]

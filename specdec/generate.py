@@ -1,0 +1,197 @@
+"""The decode loop: prefill, then draft -> verify -> accept -> roll back until done.
+
+Plain decoding (no drafter) is the same loop with empty drafts, so both share one sampling
+pipeline and one code path for EOS, budgets and statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.protocols import DraftContext, Drafter
+from specdec.sampling import probabilities
+from specdec.target import CausalLM
+from specdec.types import Draft, Generation, Sampling, Stats
+from specdec.verifier import validate_draft, verify_chain, verify_greedy
+
+__all__ = ["generate"]
+
+
+def generate(
+    target: PreTrainedModel | CausalLM,
+    input_ids: Sequence[int] | torch.Tensor,
+    drafter: Drafter | str | None = None,
+    num_draft_tokens: int = 4,
+    max_new_tokens: int = 128,
+    sampling: Sampling = Sampling(),
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+) -> Generation:
+    """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
+
+    The output distribution is exactly that of plain sampling with `sampling`; at temperature 0
+    the tokens equal plain greedy decoding. The EOS token, when produced, ends `tokens`.
+    """
+    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
+    _check_count("num_draft_tokens", num_draft_tokens)
+    _check_count("max_new_tokens", max_new_tokens)
+    prompt = _prompt(input_ids, lm, max_new_tokens)
+    resolved = _resolve_drafter(drafter)
+    stop_ids = _eos_ids(eos_token_id)
+    generator = torch.Generator(device=lm.device)
+    generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
+    with torch.inference_mode():
+        return _decode(lm, prompt, resolved, num_draft_tokens, max_new_tokens, sampling, stop_ids,
+                       generator)
+
+
+def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int, max_new_tokens: int,
+            sampling: Sampling, stop_ids: frozenset[int], generator: torch.Generator) -> Generation:
+    start = time.perf_counter()
+    name = _drafter_name(drafter)
+    wants_hidden = bool(getattr(drafter, "uses_hidden_states", False))
+    propose = drafter.propose if drafter is not None and k > 0 else None
+    commit = getattr(drafter, "commit", None)
+    prompt_length = prompt.shape[0]
+    tokens = torch.empty(prompt_length + max_new_tokens, dtype=torch.long, device=lm.device)
+    tokens[:prompt_length] = prompt
+    length = prompt_length
+    empty = tokens[:0]
+
+    lm.reset()
+    hidden = None
+    if prompt_length > 1:
+        _, hidden = lm.forward(prompt[:-1], keep=1, hidden=wants_hidden)  # cache: all but the last
+    ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size, hidden)
+    if drafter is not None and hasattr(drafter, "prefill"):
+        drafter.prefill(ctx)
+    prefill_seconds = time.perf_counter() - start
+
+    new: list[int] = []
+    steps = drafted = accepted = 0
+    drafted_at = [0] * k
+    accepted_at = [0] * k
+    draft_seconds = verify_seconds = 0.0
+    while len(new) < max_new_tokens:
+        budget = max_new_tokens - len(new)
+        draft = Draft(empty)
+        if propose is not None and budget > 1:
+            tick = time.perf_counter()
+            draft = propose(ctx, min(k, budget - 1))
+            validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)
+            _synchronize(lm.device)
+            draft_seconds += time.perf_counter() - tick
+        tick = time.perf_counter()
+        n = draft.tokens.shape[0]
+        inputs = torch.cat([tokens[length - 1 : length], draft.tokens]) if n else tokens[length - 1 : length]
+        logits, hidden = lm.forward(inputs, keep=n + 1, hidden=wants_hidden)  # (n+1, V)
+        if sampling.greedy:
+            verdict = verify_greedy(logits.argmax(dim=-1), draft.tokens)
+        else:
+            verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+        emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
+        m = len(emitted)
+        tokens[length : length + m] = verdict.tokens[:m]
+        length += m
+        lm.rollback(length - 1)
+        new.extend(emitted)
+
+        steps += 1
+        drafted += n
+        accepted += verdict.num_accepted
+        for i in range(n):
+            drafted_at[i] += 1
+        for i in range(verdict.num_accepted):
+            accepted_at[i] += 1
+        ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size,
+                           None if hidden is None else hidden[:m])
+        if commit is not None:
+            commit(ctx, min(verdict.num_accepted, m))
+        verify_seconds += time.perf_counter() - tick
+        if emitted and emitted[-1] in stop_ids:
+            break
+
+    stats = Stats(steps=steps, new_tokens=len(new), drafted=drafted, accepted=accepted,
+                  accepted_per_position=tuple(accepted_at), drafted_per_position=tuple(drafted_at),
+                  prefill_seconds=prefill_seconds, draft_seconds=draft_seconds,
+                  verify_seconds=verify_seconds, wall_seconds=time.perf_counter() - start)
+    return Generation(tokens=new, stats=stats)
+
+
+def _until_stop(emitted: list[int], stop_ids: frozenset[int]) -> list[int]:
+    """The emitted tokens up to and including the first stop id."""
+    for i, token in enumerate(emitted):
+        if token in stop_ids:
+            return emitted[: i + 1]
+    return emitted
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_count(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{field} must be an int >= 0, got {value!r}")
+
+
+def _prompt(input_ids: Sequence[int] | torch.Tensor, lm: CausalLM, max_new_tokens: int) -> torch.Tensor:
+    """Validate the prompt and return it as LongTensor [T] on the model's device."""
+    ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(list(input_ids), dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise ValueError(f"input_ids must be [T] or [1, T] (batch size 1), got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError("input_ids is empty: give at least one prompt token (e.g. the BOS id)")
+    if ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+    ids = ids.to(device=lm.device, dtype=torch.long)
+    outside = ((ids < 0) | (ids >= lm.vocab_size)).nonzero().flatten().tolist()
+    if outside:
+        bad = ids[outside[:5]].tolist()
+        raise ValueError(f"input_ids hold ids outside the vocabulary [0, {lm.vocab_size}): {bad} "
+                         f"at positions {outside[:5]}")
+    limit = lm.max_positions
+    if limit is not None and ids.numel() > limit:
+        raise ValueError(f"the prompt has {ids.numel()} tokens but the model has {limit} learned "
+                         "positions; shorten the prompt")
+    if limit is not None and ids.numel() + max_new_tokens > limit:
+        raise ValueError(f"prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                         f"the model's {limit} positions; set max_new_tokens <= {limit - ids.numel()}")
+    return ids
+
+
+def _resolve_drafter(drafter: Drafter | str | None) -> Drafter | None:
+    if drafter is None:
+        return None
+    if isinstance(drafter, str):
+        from specdec.plugins import make_drafter
+
+        return make_drafter(drafter)
+    if isinstance(drafter, type):
+        raise TypeError(f"pass a drafter instance, not the class {drafter.__name__} "
+                        "(e.g. specdec.make_drafter(name, **options))")
+    if not callable(getattr(drafter, "propose", None)):
+        raise TypeError(f"{type(drafter).__name__} is not a Drafter: it has no propose(ctx, k) method")
+    return drafter
+
+
+def _drafter_name(drafter: Drafter | None) -> str:
+    return str(getattr(drafter, "name", type(drafter).__name__))
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    return frozenset(ids)

@@ -1,0 +1,61 @@
+"""The Drafter protocol: the one extension contract, and the context a drafter receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from specdec.types import Draft, Sampling
+
+if TYPE_CHECKING:
+    from specdec.target import CausalLM
+
+__all__ = ["DraftContext", "Drafter"]
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter may read at one decode step; nothing in it belongs to the drafter.
+
+    tokens: LongTensor [T] of committed ids (prompt and accepted output) on the target's
+        device. The target's KV cache holds all of them but the last.
+    sampling: the settings the verifier applies to p; a sampled draft must use them for q.
+    generator: the step's random source; draw every random number from it (reproducibility).
+    target: the target adapter (embedding, LM head, final norm, config, device).
+    vocab_size: V, the width of p and of any q.
+    hidden_states: FloatTensor [n, H], the target's last-layer (post-final-norm) hidden states
+        of the n positions it processed since the previous step, i.e. tokens[-n-1:-1]; None
+        unless the drafter sets `uses_hidden_states = True`. The same value is passed to
+        `commit` and to the next `propose`.
+    """
+
+    tokens: torch.Tensor
+    sampling: Sampling
+    generator: torch.Generator
+    target: CausalLM
+    vocab_size: int
+    hidden_states: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes up to k tokens continuing `ctx.tokens`.
+
+    Required: a class attribute `name` (the registry name) and `propose`.
+    Optional methods, called when present:
+      prefill(ctx) -> None: after the target's prefill, once per generation; reset own state.
+      commit(ctx, num_accepted) -> None: after each verify; `num_accepted` of the last draft's
+          tokens are now committed (ctx.tokens has the new sequence); roll back own state.
+    Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
+
+    A draft with `probs` promises its tokens were drawn from exactly those rows, after the
+    same sampling pipeline (`specdec.sampling.probabilities(logits, ctx.sampling)`).
+    """
+
+    name: ClassVar[str]
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        """Return a Draft of at most k tokens."""
+        ...

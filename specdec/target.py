@@ -1,0 +1,103 @@
+"""Adapter over a transformers causal LM: one KV cache, forwards that keep only the logits
+asked for, the hidden states drafters read, and exact rollback to a prefix.
+
+The same adapter serves the target and any drafter that runs a causal LM of its own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from specdec.cache import cache_length, crop_cache, new_cache, uncroppable_layers
+
+__all__ = ["CausalLM"]
+
+_FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
+                     "model.decoder.final_layer_norm")
+
+
+class CausalLM:
+    """One causal LM and its KV cache, batch size 1.
+
+    Invariant kept by the decode loop: the cache holds every committed token but the last.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
+            raise TypeError(
+                f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
+                f"{type(model).__name__}"
+            )
+        unsupported = uncroppable_layers(model)
+        if unsupported:
+            raise ValueError(
+                f"{type(model).__name__} has {', '.join(unsupported)} layers whose state cannot be "
+                "rolled back to a prefix; this version of specdec serves attention-only models"
+            )
+        self.model = model
+        self.config = model.config.get_text_config()
+        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
+        self.device: torch.device = model.get_output_embeddings().weight.device
+        self.dtype: torch.dtype = model.get_output_embeddings().weight.dtype
+        positions = getattr(self.config, "max_position_embeddings", None) or getattr(
+            self.config, "n_positions", None
+        )
+        self.max_positions: int | None = int(positions) if positions else None
+        self.cache = None
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The input embedding (token ids -> [.., H])."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The output projection ([.., H] -> logits [.., V])."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        """The norm applied before the LM head, when the architecture has a known one."""
+        for path in _FINAL_NORM_PATHS:
+            module: object = self.model
+            for part in path.split("."):
+                module = getattr(module, part, None)
+            if isinstance(module, nn.Module):
+                return module
+        return None
+
+    @property
+    def cache_length(self) -> int:
+        """Positions held by the KV cache."""
+        return cache_length(self.cache)
+
+    def reset(self) -> None:
+        """Drop the cache; the next forward starts at position 0."""
+        self.cache = new_cache(self.model)
+
+    def forward(
+        self, input_ids: torch.Tensor, keep: int, hidden: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run input_ids [n] after the cached prefix and append them to the cache.
+
+        Returns logits [keep, V] of the last `keep` positions and, if `hidden`, the last-layer
+        post-norm hidden states [n, H].
+        """
+        if self.cache is None:
+            self.reset()
+        out = self.model(
+            input_ids=input_ids.unsqueeze(0),  # (1, n)
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
+            output_hidden_states=hidden,
+        )
+        logits = out.logits[0]  # (keep, V)
+        states = out.hidden_states[-1][0] if hidden else None  # (n, H)
+        return logits, states
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` cached positions (an exact crop)."""
+        crop_cache(self.cache, length)

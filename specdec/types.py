@@ -1,0 +1,108 @@
+"""Frozen value types shared by the loop, the verifier and the drafters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Sampling", "Draft", "Verdict", "Stats", "Generation"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How logits become a next-token distribution, in transformers' order.
+
+    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (ties at the cut kept); 0 disables.
+    top_p: keep the smallest set whose probability reaches top_p; 1.0 disables.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise ValueError(
+                f"Sampling.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"
+            )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"Sampling.top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"Sampling.top_p must lie in (0, 1] (1 disables it), got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A chain of proposed tokens and, for sampled drafts, the distributions they came from.
+
+    tokens: LongTensor [k'] with 0 <= k' <= k.
+    probs:  FloatTensor [k', V], row i the processed distribution d_i was drawn from;
+            None for deterministic drafts (treated as one-hot q).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one verification emitted.
+
+    tokens: LongTensor [num_accepted + 1]: the accepted draft tokens, then the correction
+            (after a rejection) or the bonus token (after a full acceptance).
+    num_accepted: how many draft tokens were accepted.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters of one generation.
+
+    steps: target forwards after the prefill (each emits 1..k+1 tokens).
+    accepted_per_position[i] / drafted_per_position[i]: acceptance at draft position i.
+    """
+
+    steps: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    drafted_per_position: tuple[int, ...] = ()
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target forward, bonus included (vLLM / Spec-Bench convention)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The result of `specdec.generate`: the new tokens only, and the run's counters."""
+
+    tokens: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)

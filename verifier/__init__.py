@@ -1,0 +1,35 @@
+"""The shared verifier: pure functions that turn a draft and the target's distributions into
+emitted tokens, keeping the output distribution exactly that of plain sampling.
+
+Conventions (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative
+Sampling"):
+
+- ``p``: the target's processed next-token distributions, ``[k + 1, V]`` for a chain of ``k``
+  draft tokens (row ``i`` is the distribution at draft position ``i``; row ``k`` gives the bonus).
+- ``q``: the draft's distributions, ``[k, V]``; ``None`` for deterministic drafts (one-hot).
+- A draft token ``d`` is accepted with probability ``min(1, p(d) / q(d))``; at the first
+  rejection a correction is drawn from ``norm(max(0, p - q))``; after a full acceptance a bonus
+  token is drawn from ``p[k]``.
+
+Nothing here calls a model.
+"""
+
+from __future__ import annotations
+
+from specdec.verifier.chain import (
+    acceptance_probabilities,
+    residual_distribution,
+    verify_chain,
+    verify_greedy,
+)
+from specdec.verifier.validate import DraftError, validate_draft
+
+__all__ = [
+    "DraftError",
+    "acceptance_probabilities",
+    "residual_distribution",
+    "validate_draft",
+    "verify_chain",
+    "verify_greedy",
+]
