@@ -35,12 +35,17 @@ def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
 
 
 class DraftModelDrafter:
-    """Drafts with `model` (a causal LM or a checkpoint directory) on the target's vocabulary."""
+    """Drafts with `model` (a causal LM or a checkpoint directory) on the target's vocabulary.
+
+    A model loaded here from a directory follows the target's device and dtype; a model passed
+    in must already be on the target's device.
+    """
 
     name: ClassVar[str] = "draft-model"
 
     def __init__(self, model: PreTrainedModel | str | Path) -> None:
         self.lm = CausalLM(_load(model))
+        self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
 
     def prefill(self, ctx: DraftContext) -> None:
@@ -49,6 +54,8 @@ class DraftModelDrafter:
                 f"draft-model: vocabulary mismatch: the draft model has {self.lm.vocab_size} "
                 f"output tokens, the target {ctx.vocab_size}; use a draft model with the target's tokenizer"
             )
+        if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
+            self.lm = CausalLM(self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype))
         if self.lm.device != ctx.target.device:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")

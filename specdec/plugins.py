@@ -88,7 +88,10 @@ def load_registry() -> Registry:
     if BUILTIN[0] not in blocked:
         _register(manager, BUILTIN[0], lambda: import_module(BUILTIN[1]), failures)
     for point in entry_points(group=hookspecs.NAME):
-        if point.name in blocked or manager.has_plugin(point.name):
+        if point.name in blocked:
+            continue
+        if manager.has_plugin(point.name):
+            failures.append(PluginFailure(point.name, "a second plugin of this name was skipped; rename one"))
             continue
         _register(manager, point.name, point.load, failures)
 

@@ -1,0 +1,27 @@
+# The two quickstart commands: `make demo` and `make test`. Each builds .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU wheel of torch; pyproject.toml keeps torch's range open for users.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) examples/compare_with_transformers.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

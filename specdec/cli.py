@@ -1,0 +1,221 @@
+"""The `specdec` command line: list the registered drafters, generate from a local checkpoint.
+
+    specdec drafters
+    specdec generate --target DIR [--drafter NAME[:key=value,...]] [--k 4] "prompt"
+
+User errors print one line, `specdec: error: ...`, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec import plugins
+from specdec.generate import generate
+from specdec.types import Sampling, Stats
+
+__all__ = ["main", "parse_drafter_spec", "parse_value", "stats_line"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def parse_value(text: str) -> int | float | bool | str:
+    """A drafter option value: an int, a float, true/false (any case), else the string itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_drafter_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split `NAME` or `NAME:key=value,key=value` into the name and its typed options.
+
+    Values go through `parse_value`; a value may contain `=` and `:` but not `,`.
+    Raises ValueError naming the malformed part.
+    """
+    name, colon, rest = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"drafter spec {spec!r} has no name; write NAME or NAME:key=value,...")
+    options: dict[str, Any] = {}
+    if not colon:
+        return name, options
+    if not rest.strip():
+        raise ValueError(f"drafter spec {spec!r} has nothing after ':'; write NAME:key=value,... or just NAME")
+    for item in rest.split(","):
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals or not key.isidentifier():
+            raise ValueError(f"drafter option {item!r} in {spec!r} is not key=value (key a Python identifier)")
+        if key in options:
+            raise ValueError(f"drafter option {key!r} is given twice in {spec!r}")
+        options[key] = parse_value(value)
+    return name, options
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _registry() -> plugins.Registry:
+    """The process registry; plugin failures are shown by the commands, not as warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            return plugins.registry()
+        except plugins.DuplicateDrafterError as error:
+            raise CLIError(_one_line(error)) from None
+
+
+def _summary(cls: type) -> str:
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else "(no docstring)"
+
+
+def _drafters_command(args: argparse.Namespace) -> int:
+    registry = _registry()
+    rows = [(name, registry.origins[name], _summary(cls)) for name, cls in sorted(registry.drafters.items())]
+    if not rows:
+        print(f"no drafters registered (is {plugins.DISABLE_ENV} blocking them?)")
+    name_width = max((len(row[0]) for row in rows), default=0)
+    origin_width = max((len(row[1]) for row in rows), default=0)
+    for name, origin, summary in rows:
+        print(f"{name:<{name_width}}  {origin:<{origin_width}}  {summary}")
+    for failure in registry.failures:
+        print(f"plugin {failure.plugin!r} skipped: {failure.error}")
+    return 0
+
+
+def _make_drafter(spec: str | None) -> Any:
+    if spec is None:
+        return None
+    try:
+        name, options = parse_drafter_spec(spec)
+    except ValueError as error:
+        raise CLIError(_one_line(error)) from None
+    registry = _registry()
+    for failure in registry.failures:
+        print(f"specdec: warning: plugin {failure.plugin!r} skipped: {failure.error}", file=sys.stderr)
+    try:
+        return plugins.make_drafter(name, **options)
+    except (ValueError, TypeError, OSError) as error:
+        raise CLIError(_one_line(error)) from None
+
+
+def _model_directory(directory: str) -> Path:
+    path = Path(directory)
+    if not (path / "config.json").is_file():
+        raise CLIError(f"--target {directory!r} is not a model directory (no config.json in it)")
+    return path
+
+
+def _device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise CLIError(f"--device {text!r} is not a torch device: {_one_line(error)}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {text!r} asks for CUDA but torch sees no CUDA device; use --device cpu")
+    return device
+
+
+def _load_target(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode) from a local checkpoint directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError, KeyError) as error:
+        raise CLIError(f"cannot load --target {str(path)!r}: {_one_line(error)}") from None
+    return tokenizer, model.to(device).eval()
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """EOS ids from the model's generation config and the tokenizer, merged."""
+    ids: set[int] = set()
+    config = getattr(model, "generation_config", None)
+    for value in (getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            ids.update([value] if isinstance(value, int) else value)
+    return sorted(ids)
+
+
+def stats_line(stats: Stats) -> str:
+    """One line of a generation's counters, as key=value pairs."""
+    return (f"stats: steps={stats.steps} new_tokens={stats.new_tokens} "
+            f"mean_accepted_length={stats.mean_accepted_length:.2f} acceptance_rate={stats.acceptance_rate:.3f} "
+            f"tokens_per_second={stats.tokens_per_second:.1f} draft_seconds={stats.draft_seconds:.3f} "
+            f"verify_seconds={stats.verify_seconds:.3f}")
+
+
+def _generate_command(args: argparse.Namespace) -> int:
+    try:
+        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except ValueError as error:
+        raise CLIError(_one_line(error)) from None
+    for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 0:
+            raise CLIError(f"{flag} must be >= 0, got {value}")
+    path, device = _model_directory(args.target), _device(args.device)  # fail before any loading
+    drafter = _make_drafter(args.drafter)
+    tokenizer, model = _load_target(path, _DTYPES[args.dtype], device)
+    prompt = tokenizer.encode(args.prompt)
+    if not prompt:
+        raise CLIError(f"the prompt {args.prompt!r} tokenises to no tokens; give a non-empty prompt")
+    try:
+        result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
+                          max_new_tokens=args.max_new_tokens, sampling=sampling,
+                          eos_token_id=_eos_ids(tokenizer, model) or None, seed=args.seed)
+    except ValueError as error:
+        raise CLIError(_one_line(error)) from None
+    print(tokenizer.decode(result.tokens, skip_special_tokens=True))
+    print(stats_line(result.stats))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding with pluggable drafters.")
+    commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+    drafters = commands.add_parser("drafters", help="list the registered drafters and their plugins")
+    drafters.set_defaults(run=_drafters_command)
+    gen = commands.add_parser("generate", help="generate from a local checkpoint, speculatively")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--target", required=True, metavar="DIR", help="local model directory (model and tokenizer)")
+    gen.add_argument("--drafter", metavar="NAME[:key=value,...]",
+                     help="e.g. ngram:max_ngram=3 or draft-model:model=DIR (default: plain decoding)")
+    gen.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1.0 disables (default)")
+    gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    gen.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="default float32")
+    gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    gen.set_defaults(run=_generate_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (argparse exits 2 itself on bad syntax)."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CLIError as error:
+        print(f"specdec: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,112 @@
+"""Hypothesis strategies for the sampling pipeline and the verifier.
+
+Everything is float64 over a small vocabulary, and deliberately awkward: exact zeros, exact
+ties and near-ties (values a few ulps apart), one-hot rows, and a wide range of magnitudes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from specdec.types import Sampling
+
+MAX_VOCAB = 8
+
+# Weights before normalisation: zeros and ties are drawn often on purpose.
+_TIE = 0.25
+_weights = st.one_of(
+    st.just(0.0),
+    st.just(_TIE),
+    st.just(_TIE * (1 + 2**-50)),  # a near-tie with _TIE
+    st.floats(min_value=1e-6, max_value=1.0),
+)
+_logit_values = st.one_of(
+    st.just(0.0),
+    st.just(1.5),
+    st.just(1.5 + 2**-48),  # a near-tie with 1.5
+    st.floats(min_value=-30.0, max_value=30.0),
+)
+
+
+@st.composite
+def vocab_sizes(draw: st.DrawFn, min_size: int = 2) -> int:
+    return draw(st.integers(min_value=min_size, max_value=MAX_VOCAB))
+
+
+@st.composite
+def probability_vectors(draw: st.DrawFn, vocab_size: int) -> torch.Tensor:
+    """A float64 distribution [V] with zeros, ties and near-ties; never all zero."""
+    weights = draw(st.lists(_weights, min_size=vocab_size, max_size=vocab_size))
+    if not any(weights):
+        weights[draw(st.integers(0, vocab_size - 1))] = 1.0
+    vector = torch.tensor(weights, dtype=torch.float64)
+    return vector / vector.sum()
+
+
+@st.composite
+def distribution_pairs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q), two float64 distributions [V] over the same vocabulary; sometimes q == p."""
+    vocab_size = draw(vocab_sizes())
+    p = draw(probability_vectors(vocab_size))
+    q = p.clone() if draw(st.booleans()) and draw(st.booleans()) else draw(probability_vectors(vocab_size))
+    return p, q
+
+
+@st.composite
+def logits(draw: st.DrawFn, vocab_size: int, rows: int | None = None) -> torch.Tensor:
+    """Float64 logits [V] (rows None) or [rows, V], with ties and near-ties."""
+    shape = (vocab_size,) if rows is None else (rows, vocab_size)
+    count = vocab_size * (rows or 1)
+    values = draw(st.lists(_logit_values, min_size=count, max_size=count))
+    return torch.tensor(values, dtype=torch.float64).reshape(shape)
+
+
+@st.composite
+def samplings(draw: st.DrawFn, greedy: bool | None = None) -> Sampling:
+    """Valid settings; greedy=None mixes greedy in, True/False forces it."""
+    if greedy is None:
+        greedy = draw(st.integers(0, 4)) == 0
+    if greedy:
+        temperature = 0.0
+    else:
+        temperature = draw(st.one_of(st.just(1.0), st.floats(min_value=0.05, max_value=5.0)))
+    top_k = draw(st.one_of(st.just(0), st.integers(min_value=1, max_value=MAX_VOCAB + 2)))
+    top_p = draw(st.one_of(st.just(1.0), st.floats(min_value=0.01, max_value=1.0)))
+    return Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+@dataclass(frozen=True)
+class ChainCase:
+    """One verifier input: p [k + 1, V], draft tokens [k], q [k, V] or None (deterministic)."""
+
+    p: torch.Tensor
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+
+    @property
+    def k(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@st.composite
+def chain_drafts(draw: st.DrawFn, sampled: bool | None = None, min_k: int = 0, max_k: int = 4) -> ChainCase:
+    """A chain draft and the target rows that verify it.
+
+    Sampled drafts (q given) take each token from the support of its q row, as a sampling
+    drafter would; deterministic drafts (q None) may propose any id, even one with p(d) = 0.
+    """
+    if sampled is None:
+        sampled = draw(st.booleans())
+    vocab_size = draw(vocab_sizes())
+    k = draw(st.integers(min_value=min_k, max_value=max_k))
+    p = torch.stack([draw(probability_vectors(vocab_size)) for _ in range(k + 1)])  # (k+1, V)
+    if not sampled:
+        tokens = draw(st.lists(st.integers(0, vocab_size - 1), min_size=k, max_size=k))
+        return ChainCase(p, torch.tensor(tokens, dtype=torch.long), None)
+    rows = [draw(probability_vectors(vocab_size)) for _ in range(k)]
+    tokens = [draw(st.sampled_from(row.nonzero().flatten().tolist())) for row in rows]
+    q = torch.stack(rows) if rows else torch.zeros(0, vocab_size, dtype=torch.float64)  # (k, V)
+    return ChainCase(p, torch.tensor(tokens, dtype=torch.long), q)

@@ -1,0 +1,193 @@
+"""Speculative decoding samples whole continuations from exactly plain sampling's distribution.
+
+For a tiny float64 model with a small vocabulary V, the exact law of a 3-token continuation
+(V**3 outcomes) is enumerated with the model's own forward and the shared sampling pipeline.
+`specdec.generate(..., seed=i)` for i < N gives empirical counts, compared with a Pearson
+chi-square test after pooling cells whose expected count is below 5. The false-alarm rate is
+ALPHA = 1e-4 and the seeds are fixed, so a red run means a bug, not bad luck. A deliberately
+lossy verifier must fail the same test (the test has power).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import PreTrainedModel
+
+import specdec
+from specdec import Sampling, Verdict
+from specdec.drafters import DraftModelDrafter, NgramDrafter
+from specdec.sampling import probabilities
+
+from drafters_for_tests import GarbageDrafter, RandomQDrafter
+from tiny import tiny_model
+
+ALPHA = 1e-4  # false-alarm rate of every test here
+RUNS = 800  # N: generations per case (~10 ms each on CPU)
+VOCAB = 5  # V: V**3 = 125 continuations
+LENGTH = 3  # new tokens per generation
+NUM_DRAFT = 3  # k; with 3 new tokens the first chain has depth min(k, 3 - 1) = 2
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # repetitive, so prompt lookup finds matches
+MODEL = dict(vocab_size=VOCAB, layers=1, hidden=16, head_scale=8.0)  # peaked, not degenerate
+
+PLAIN = Sampling(temperature=1.0)
+TRUNCATED = Sampling(temperature=0.7, top_k=4, top_p=0.9)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny forwards are overhead-bound; extra threads only contend on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target() -> PreTrainedModel:
+    return tiny_model(seed=0, **MODEL)
+
+
+@pytest.fixture(scope="module")
+def other_model() -> PreTrainedModel:
+    return tiny_model(seed=1, **MODEL)
+
+
+def exact_distribution(model: PreTrainedModel, prompt: list[int], sampling: Sampling) -> np.ndarray:
+    """P(x1, x2, x3 | prompt) under plain sampling, flattened [V**3] (index x1*V*V + x2*V + x3)."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V*V, 2)
+    ids = torch.cat([torch.tensor(prompt).expand(vocab * vocab, -1), pairs], dim=1)  # (V*V, T+2)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits  # (V*V, T+2, V)
+    p = probabilities(logits[:, len(prompt) - 1 :], sampling).double()  # (V*V, 3, V)
+    first = p[0, 0]  # (V,) every row shares the prompt
+    second = p[::vocab, 1]  # (V, V): row x1
+    third = p[:, 2].reshape(vocab, vocab, vocab)  # (V, V, V): [x1, x2]
+    joint = first[:, None, None] * second[:, :, None] * third  # (V, V, V)
+    return joint.flatten().numpy()
+
+
+def chi_square_p_value(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson chi-square p-value of counts [C] against probs [C], pooling cells expected < 5.
+
+    Outcomes of probability 0 must never be observed; that is asserted, not tested.
+    """
+    impossible = probs == 0
+    assert counts[impossible].sum() == 0, (
+        f"sampled continuations of probability 0: cells {np.flatnonzero(impossible & (counts > 0)).tolist()}"
+    )
+    expected = counts.sum() * probs[~impossible]
+    observed = counts[~impossible].astype(float)
+    small = expected < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+    if expected[-1] < 5:  # too thin even pooled: fold it into the smallest remaining cell
+        smallest = int(np.argmin(expected[:-1]))
+        observed[smallest] += observed[-1]
+        expected[smallest] += expected[-1]
+        observed, expected = observed[:-1], expected[:-1]
+    expected *= observed.sum() / expected.sum()  # remove float rounding of sum(probs) - 1
+    return float(chisquare(observed, expected).pvalue)
+
+
+def sample_counts(model: PreTrainedModel, drafter: object, sampling: Sampling,
+                  runs: int = RUNS) -> tuple[np.ndarray, int, int, int]:
+    """Counts [V**3] of N generated continuations, and total drafted / accepted / deep chains."""
+    outcomes: Counter[tuple[int, ...]] = Counter()
+    drafted = accepted = deep = 0
+    for seed in range(runs):
+        result = specdec.generate(model, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT,
+                                  max_new_tokens=LENGTH, sampling=sampling, seed=seed)
+        assert len(result.tokens) == LENGTH, f"seed {seed}: got {result.tokens}, expected {LENGTH} tokens"
+        outcomes[tuple(result.tokens)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+        deep += result.stats.drafted_per_position[1] if NUM_DRAFT > 1 else 0
+    counts = np.zeros(VOCAB**LENGTH, dtype=np.int64)
+    for (x1, x2, x3), count in outcomes.items():
+        counts[(x1 * VOCAB + x2) * VOCAB + x3] = count
+    return counts, drafted, accepted, deep
+
+
+DRAFTERS: dict[str, Callable[[PreTrainedModel, PreTrainedModel], object]] = {
+    "ngram": lambda target, other: NgramDrafter(max_ngram=3),
+    "draft-model": lambda target, other: DraftModelDrafter(other),
+    "draft-model-is-target": lambda target, other: DraftModelDrafter(target),
+    "random-q": lambda target, other: RandomQDrafter(seed=12345),
+    "garbage": lambda target, other: GarbageDrafter(seed=12345),
+}
+
+
+@pytest.mark.parametrize("sampling", [PLAIN, TRUNCATED], ids=["t1", "t0.7-k4-p0.9"])
+def test_plain_sampling_matches_enumerated_distribution(target, sampling):
+    counts, drafted, _, _ = sample_counts(target, None, sampling)
+    assert drafted == 0
+    p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, sampling))
+    assert p_value >= ALPHA, f"plain sampling ({sampling}) deviates from enumeration: p = {p_value:.3g}"
+
+
+@pytest.mark.parametrize(
+    ("drafter_key", "sampling"),
+    [
+        ("ngram", PLAIN),
+        ("draft-model", TRUNCATED),
+        ("draft-model-is-target", PLAIN),
+        ("random-q", TRUNCATED),
+        ("garbage", TRUNCATED),
+    ],
+    ids=lambda value: value if isinstance(value, str) else ("t1" if value == PLAIN else "t0.7-k4-p0.9"),
+)
+def test_speculative_continuations_match_plain_sampling(target, other_model, drafter_key, sampling):
+    drafter = DRAFTERS[drafter_key](target, other_model)
+    counts, drafted, accepted, deep = sample_counts(target, drafter, sampling)
+    assert drafted > 0 and accepted > 0 and deep > 0, (
+        f"{drafter_key}: drafted {drafted}, accepted {accepted}, depth-2 chains {deep}: the case is vacuous"
+    )
+    if drafter_key == "draft-model-is-target":  # q == p: every draft token is accepted
+        assert accepted >= 0.99 * drafted, f"q == p but only {accepted} of {drafted} drafts accepted"
+    else:
+        assert accepted < drafted, f"{drafter_key}: no draft token was ever rejected ({drafted} drafted)"
+    p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, sampling))
+    assert p_value >= ALPHA, f"{drafter_key} ({sampling}) is not lossless: chi-square p = {p_value:.3g}"
+
+
+def accept_every_draft(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None,
+                       generator: torch.Generator | None) -> Verdict:
+    """Lossy: keep the whole draft, then a bonus token from p[k]."""
+    k = tokens.shape[0]
+    bonus = torch.multinomial(p[k], 1, generator=generator)
+    return Verdict(tokens=torch.cat([tokens, bonus]), num_accepted=k)
+
+
+def correct_from_p(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None,
+                   generator: torch.Generator | None) -> Verdict:
+    """Lossy: the usual acceptance test, but the correction is drawn from p, not the residual."""
+    k = tokens.shape[0]
+    if k == 0:
+        return Verdict(tokens=torch.multinomial(p[0], 1, generator=generator), num_accepted=0)
+    accept = (p[:k].gather(-1, tokens[:, None]).squeeze(-1) / q.gather(-1, tokens[:, None]).squeeze(-1)).clamp(max=1)
+    uniforms = torch.rand(k, generator=generator, dtype=p.dtype)
+    n = int((uniforms < accept).cumprod(0).sum())
+    last = torch.multinomial(p[n], 1, generator=generator)
+    return Verdict(tokens=torch.cat([tokens[:n], last]), num_accepted=n)
+
+
+@pytest.mark.parametrize(
+    ("lossy", "drafter_key"),
+    [(accept_every_draft, "random-q"), (correct_from_p, "draft-model")],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+def test_chi_square_detects_a_lossy_verifier(target, other_model, monkeypatch, lossy, drafter_key):
+    loop = importlib.import_module("specdec.generate")  # the module, not the function of that name
+    monkeypatch.setattr(loop, "verify_chain", lossy)
+    counts, drafted, _, _ = sample_counts(target, DRAFTERS[drafter_key](target, other_model), PLAIN)
+    assert drafted > 0
+    p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, PLAIN))
+    assert p_value < ALPHA, f"{lossy.__name__} with {drafter_key} went undetected: p = {p_value:.3g}, N = {RUNS}"

@@ -1,0 +1,63 @@
+"""Tiny random causal LMs built from configs, for tests (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
+
+
+def tiny_model(
+    arch: str = "llama",
+    vocab_size: int = 64,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    layers: int = 2,
+    hidden: int = 32,
+    head_scale: float = 6.0,
+    max_positions: int = 256,
+) -> PreTrainedModel:
+    """A randomly initialised causal LM in eval mode.
+
+    The LM head is scaled by `head_scale` so next-token distributions are peaked and varied
+    rather than near uniform. No EOS or pad id is set.
+    """
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                  tie_word_embeddings=False)
+    if arch == "gpt2":
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        model = GPT2LMHeadModel(config)
+    else:
+        cls_config, cls_model = {
+            "llama": (LlamaConfig, LlamaForCausalLM),
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        }[arch]
+        config = cls_config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                            max_position_embeddings=max_positions, **common)
+        model = cls_model(config)
+    model = model.to(dtype).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(head_scale)
+    return model
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy decoding of `prompt`, new tokens only."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
