@@ -144,14 +144,14 @@ def _check_count(field: str, value: object) -> None:
 
 def _prompt(input_ids: Sequence[int] | torch.Tensor, lm: CausalLM, max_new_tokens: int) -> torch.Tensor:
     """Validate the prompt and return it as LongTensor [T] on the model's device."""
-    ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(list(input_ids), dtype=torch.long)
+    ids = input_ids if isinstance(input_ids, torch.Tensor) else torch.tensor(list(input_ids))
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1:
         raise ValueError(f"input_ids must be [T] or [1, T] (batch size 1), got shape {tuple(ids.shape)}")
     if ids.numel() == 0:
         raise ValueError("input_ids is empty: give at least one prompt token (e.g. the BOS id)")
-    if ids.is_floating_point() or ids.is_complex():
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
     ids = ids.to(device=lm.device, dtype=torch.long)
     outside = ((ids < 0) | (ids >= lm.vocab_size)).nonzero().flatten().tolist()
@@ -191,7 +191,9 @@ def _drafter_name(drafter: Drafter | None) -> str:
 def _eos_ids(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
     if eos_token_id is None:
         return frozenset()
-    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
+    if not isinstance(ids, (list, tuple, set, frozenset)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
         raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
     return frozenset(ids)

@@ -85,6 +85,8 @@ class CausalLM:
         Returns logits [keep, V] of the last `keep` positions and, if `hidden`, the last-layer
         post-norm hidden states [n, H].
         """
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (rows of logits to return), got {keep}")
         if self.cache is None:
             self.reset()
         out = self.model(

@@ -71,6 +71,8 @@ class Stats:
     """Counters of one generation.
 
     steps: target forwards after the prefill (each emits 1..k+1 tokens).
+    drafted / accepted: draft tokens proposed / accepted by the verifier (a token accepted
+        after an EOS in the same block counts as accepted, though it is not emitted).
     accepted_per_position[i] / drafted_per_position[i]: acceptance at draft position i.
     """
 
