@@ -24,14 +24,15 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(
                 f"Sampling.temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"
             )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"Sampling.top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
+                or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"Sampling.top_p must lie in (0, 1] (1 disables it), got {self.top_p!r}")
 
     @property

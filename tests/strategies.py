@@ -74,7 +74,9 @@ def samplings(draw: st.DrawFn, greedy: bool | None = None) -> Sampling:
     else:
         temperature = draw(st.one_of(st.just(1.0), st.floats(min_value=0.05, max_value=5.0)))
     top_k = draw(st.one_of(st.just(0), st.integers(min_value=1, max_value=MAX_VOCAB + 2)))
-    top_p = draw(st.one_of(st.just(1.0), st.floats(min_value=0.01, max_value=1.0)))
+    # exact binary fractions hit top-p's boundary (cumulative mass == 1 - top_p) on tied logits
+    top_p = draw(st.one_of(st.just(1.0), st.sampled_from([0.25, 0.5, 0.75]),
+                           st.floats(min_value=0.01, max_value=1.0)))
     return Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
 
 

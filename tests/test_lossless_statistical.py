@@ -74,25 +74,37 @@ def exact_distribution(model: PreTrainedModel, prompt: list[int], sampling: Samp
     return joint.flatten().numpy()
 
 
+def pooled(observed: np.ndarray, expected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge cells with expected count < 5, smallest first, into groups of expected >= 5."""
+    large = expected >= 5
+    groups_observed, groups_expected = list(observed[large]), list(expected[large])
+    order = np.argsort(expected[~large], kind="stable")
+    group_observed = group_expected = 0.0
+    for cell_observed, cell_expected in zip(observed[~large][order], expected[~large][order]):
+        group_observed += cell_observed
+        group_expected += cell_expected
+        if group_expected >= 5:
+            groups_observed.append(group_observed)
+            groups_expected.append(group_expected)
+            group_observed = group_expected = 0.0
+    if group_expected > 0:  # a thin remainder joins the smallest group
+        smallest = int(np.argmin(groups_expected))
+        groups_observed[smallest] += group_observed
+        groups_expected[smallest] += group_expected
+    return np.array(groups_observed), np.array(groups_expected)
+
+
 def chi_square_p_value(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson chi-square p-value of counts [C] against probs [C], pooling cells expected < 5.
+    """Pearson chi-square p-value of counts [C] against probs [C], after pooling thin cells.
 
     Outcomes of probability 0 must never be observed; that is asserted, not tested.
     """
+    assert abs(probs.sum() - 1.0) < 1e-9, f"the enumerated probabilities sum to {probs.sum()!r}"
     impossible = probs == 0
     assert counts[impossible].sum() == 0, (
         f"sampled continuations of probability 0: cells {np.flatnonzero(impossible & (counts > 0)).tolist()}"
     )
-    expected = counts.sum() * probs[~impossible]
-    observed = counts[~impossible].astype(float)
-    small = expected < 5
-    observed = np.append(observed[~small], observed[small].sum())
-    expected = np.append(expected[~small], expected[small].sum())
-    if expected[-1] < 5:  # too thin even pooled: fold it into the smallest remaining cell
-        smallest = int(np.argmin(expected[:-1]))
-        observed[smallest] += observed[-1]
-        expected[smallest] += expected[-1]
-        observed, expected = observed[:-1], expected[:-1]
+    observed, expected = pooled(counts[~impossible].astype(float), counts.sum() * probs[~impossible])
     expected *= observed.sum() / expected.sum()  # remove float rounding of sum(probs) - 1
     return float(chisquare(observed, expected).pvalue)
 
@@ -136,13 +148,12 @@ def test_plain_sampling_matches_enumerated_distribution(target, sampling):
 @pytest.mark.parametrize(
     ("drafter_key", "sampling"),
     [
-        ("ngram", PLAIN),
-        ("draft-model", TRUNCATED),
-        ("draft-model-is-target", PLAIN),
-        ("random-q", TRUNCATED),
-        ("garbage", TRUNCATED),
+        pytest.param("ngram", PLAIN, id="ngram-t1"),
+        pytest.param("draft-model", TRUNCATED, id="draft-model-t0.7-k4-p0.9"),
+        pytest.param("draft-model-is-target", PLAIN, id="draft-model-is-target-t1"),
+        pytest.param("random-q", TRUNCATED, id="random-q-t0.7-k4-p0.9"),
+        pytest.param("garbage", TRUNCATED, id="garbage-t0.7-k4-p0.9"),
     ],
-    ids=lambda value: value if isinstance(value, str) else ("t1" if value == PLAIN else "t0.7-k4-p0.9"),
 )
 def test_speculative_continuations_match_plain_sampling(target, other_model, drafter_key, sampling):
     drafter = DRAFTERS[drafter_key](target, other_model)
@@ -172,7 +183,9 @@ def correct_from_p(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None
     k = tokens.shape[0]
     if k == 0:
         return Verdict(tokens=torch.multinomial(p[0], 1, generator=generator), num_accepted=0)
-    accept = (p[:k].gather(-1, tokens[:, None]).squeeze(-1) / q.gather(-1, tokens[:, None]).squeeze(-1)).clamp(max=1)
+    assert q is not None, "correct_from_p serves sampled drafts only"
+    index = tokens[:, None]  # (k, 1)
+    accept = (p[:k].gather(-1, index) / q.gather(-1, index)).squeeze(-1).clamp(max=1.0)  # (k,)
     uniforms = torch.rand(k, generator=generator, dtype=p.dtype)
     n = int((uniforms < accept).cumprod(0).sum())
     last = torch.multinomial(p[n], 1, generator=generator)
@@ -181,8 +194,10 @@ def correct_from_p(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None
 
 @pytest.mark.parametrize(
     ("lossy", "drafter_key"),
-    [(accept_every_draft, "random-q"), (correct_from_p, "draft-model")],
-    ids=lambda value: value if isinstance(value, str) else value.__name__,
+    [
+        pytest.param(accept_every_draft, "random-q", id="accept-every-draft"),
+        pytest.param(correct_from_p, "draft-model", id="correction-from-p-not-residual"),
+    ],
 )
 def test_chi_square_detects_a_lossy_verifier(target, other_model, monkeypatch, lossy, drafter_key):
     loop = importlib.import_module("specdec.generate")  # the module, not the function of that name
@@ -190,4 +205,6 @@ def test_chi_square_detects_a_lossy_verifier(target, other_model, monkeypatch, l
     counts, drafted, _, _ = sample_counts(target, DRAFTERS[drafter_key](target, other_model), PLAIN)
     assert drafted > 0
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, PLAIN))
-    assert p_value < ALPHA, f"{lossy.__name__} with {drafter_key} went undetected: p = {p_value:.3g}, N = {RUNS}"
+    assert p_value < ALPHA, (
+        f"{lossy.__name__} with {drafter_key} went undetected: p = {p_value:.3g}, N = {RUNS}"
+    )

@@ -75,6 +75,16 @@ def test_probabilities_equal_transformers_warpers(data: st.DataObject) -> None:
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-9, msg=lambda m: f"{sampling}: {m}")
 
 
+@pytest.mark.parametrize("top_p", [0.25, 0.5, 0.75])
+def test_top_p_boundary_matches_transformers_on_tied_logits(top_p: float) -> None:
+    scores = torch.zeros(1, 4, dtype=torch.float64)  # cumulative mass 0.25, 0.5, 0.75, 1 exactly
+    sampling = Sampling(temperature=1.0, top_p=top_p)
+    ours = probabilities(scores, sampling)
+    theirs = transformers_probabilities(scores.clone(), sampling)
+    assert torch.equal(ours > 0, theirs > 0), f"{sampling}: {ours} vs transformers {theirs}"
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-9)
+
+
 @given(st.data())
 def test_greedy_probabilities_are_one_hot_at_argmax(data: st.DataObject) -> None:
     vocab_size = data.draw(vocab_sizes())

@@ -15,8 +15,15 @@ from scipy.stats import chisquare
 
 from specdec.sampling import probabilities
 from specdec.verifier import acceptance_probabilities, residual_distribution, verify_chain, verify_greedy
-from strategies import ChainCase, chain_drafts, distribution_pairs, logits, probability_vectors, samplings, \
-    vocab_sizes
+from strategies import (
+    ChainCase,
+    chain_drafts,
+    distribution_pairs,
+    logits,
+    probability_vectors,
+    samplings,
+    vocab_sizes,
+)
 
 EXACT = dict(rtol=0.0, atol=1e-9)
 FALSE_ALARM = 1e-4
@@ -81,7 +88,8 @@ def two_position_models(draw: st.DrawFn) -> tuple[torch.Tensor, ...]:
     """p1 [V], p2 [V, V] (row x: target after x), q1 [V], q2 [V, V] (row d: drafter after d)."""
     vocab_size = draw(st.integers(2, 5))
     p1, q1 = (draw(probability_vectors(vocab_size)) for _ in range(2))
-    p2, q2 = (torch.stack([draw(probability_vectors(vocab_size)) for _ in range(vocab_size)]) for _ in range(2))
+    p2, q2 = (torch.stack([draw(probability_vectors(vocab_size)) for _ in range(vocab_size)])
+              for _ in range(2))
     return p1, p2, q1, q2
 
 
@@ -113,7 +121,8 @@ def first_two_tokens(p1: torch.Tensor, p2: torch.Tensor, q1: torch.Tensor | None
 
 @settings(max_examples=60)
 @given(two_position_models(), st.sampled_from([1, 2]), st.booleans())
-def test_first_two_tokens_follow_the_target_chain(model: tuple[torch.Tensor, ...], k: int, sampled: bool) -> None:
+def test_first_two_tokens_follow_the_target_chain(model: tuple[torch.Tensor, ...], k: int,
+                                                  sampled: bool) -> None:
     p1, p2, q1, q2 = model
     vocab_size = p1.shape[0]
     drafts: list[tuple[int, ...]] = []
@@ -259,16 +268,17 @@ def assert_frequencies_match(tokens: list[int], p: torch.Tensor, context: str) -
     assert counts[~support].sum() == 0, f"{context}: emitted tokens with p = 0: {counts}"
     expected = p[support] * len(tokens)
     result = chisquare(counts[support].numpy(), expected.numpy())
-    assert result.pvalue > FALSE_ALARM, f"{context}: counts {counts.tolist()} vs expected {expected.tolist()}, " \
-                                        f"p-value {result.pvalue:.3g}"
+    assert result.pvalue > FALSE_ALARM, (f"{context}: counts {counts.tolist()} vs expected "
+                                         f"{expected.tolist()}, p-value {result.pvalue:.3g}")
 
 
 def test_sampled_chain_first_token_frequencies_match_p() -> None:
-    vocab_size, k, draws = 6, 2, 8000
+    vocab_size, k, draws = 6, 2, 12000
     gen = generator(1234)
     p = torch.stack([random_distribution(vocab_size, gen, zero=z) for z in (4, None, 0)])  # (k+1, V)
     q = torch.stack([random_distribution(vocab_size, gen, zero=z) for z in (1, 2)])  # (k, V)
-    drafts = torch.stack([torch.multinomial(q[i], draws, replacement=True, generator=gen) for i in range(k)], 1)
+    drafts = torch.stack([torch.multinomial(q[i], draws, replacement=True, generator=gen)
+                          for i in range(k)], dim=1)  # (draws, k), row j: d_i ~ q[i]
     first = [int(verify_chain(p, drafts[j], q, gen).tokens[0]) for j in range(draws)]
     assert_frequencies_match(first, p[0], f"sampled chain, q={q[0]}")
 
