@@ -78,7 +78,7 @@ class Row:
 
 def stdlib_source(module: str) -> bytes:
     """The source of a standard-library module, read from the interpreter's stdlib directory."""
-    path = Path(sysconfig.get_paths()["stdlib"]) / f"{module}.py"
+    path = Path(sysconfig.get_paths()["stdlib"], *module.split(".")).with_suffix(".py")
     if not path.is_file():
         raise FileNotFoundError(f"the demo trains on the standard library's sources, but {path} is "
                                 "missing; use a Python installation that ships its .py files")
