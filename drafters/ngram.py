@@ -3,7 +3,8 @@ context's last n tokens (Saxena 2023, "Prompt Lookup Decoding"; Yang et al. 2023
 with Reference: Lossless Acceleration of Large Language Models").
 
 Tries n = max_ngram down to min_ngram; for the longest n with a match, takes the most recent
-match that has a continuation. Deterministic: the draft is a one-hot q.
+match that has a continuation. Deterministic: the draft is a one-hot q. An index of n-grams,
+updated with each committed token, makes every lookup O(max_ngram) however long the context.
 """
 
 from __future__ import annotations
@@ -15,23 +16,34 @@ import torch
 from specdec.protocols import DraftContext
 from specdec.types import Draft
 
-__all__ = ["NgramDrafter", "find_continuation"]
+__all__ = ["NgramDrafter", "NgramIndex"]
 
 
-def find_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int, k: int) -> torch.Tensor:
-    """Up to k ids following the latest earlier match of the last n ids, longest n first.
+class NgramIndex:
+    """The latest start of every n-gram (min_n <= n <= max_n) that has a following token."""
 
-    tokens: LongTensor [T]. Returns LongTensor [k'] (k' = 0 when nothing matches).
-    """
-    length = tokens.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        tail = tokens[length - n :]  # (n,)
-        windows = tokens[: length - 1].unfold(0, n, 1)  # (T-n, n): starts 0..T-n-1, each followed by a token
-        hits = (windows == tail).all(dim=1).nonzero()
-        if hits.numel():
-            start = int(hits[-1]) + n  # the most recent match's continuation
-            return tokens[start : min(start + k, length)]
-    return tokens[:0]
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.ids: list[int] = []
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+
+    def extend(self, new_ids: list[int]) -> None:
+        """Append ids; n-grams that now have a continuation are indexed, later starts winning."""
+        old_length = len(self.ids)
+        self.ids.extend(new_ids)
+        ids, last = self.ids, len(self.ids) - 1  # a start s has a continuation when s + n <= last
+        for n, latest in self._latest.items():
+            for start in range(max(0, old_length - n), last - n + 1):
+                latest[tuple(ids[start : start + n])] = start
+
+    def continuation(self, k: int) -> list[int]:
+        """Up to k ids after the latest earlier match of the last n ids, longest n first."""
+        ids = self.ids
+        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
+            start = self._latest[n].get(tuple(ids[len(ids) - n :]))
+            if start is not None:
+                return ids[start + n : start + n + k]
+        return []
 
 
 class NgramDrafter:
@@ -47,6 +59,16 @@ class NgramDrafter:
             raise ValueError(f"ngram: min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self._index = NgramIndex(min_ngram, max_ngram)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self._index = NgramIndex(self.min_ngram, self.max_ngram)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        return Draft(find_continuation(ctx.tokens, self.max_ngram, self.min_ngram, k))
+        seen = len(self._index.ids)
+        if ctx.tokens.shape[0] < seen:  # a new sequence without prefill: start over
+            self.prefill(ctx)
+            seen = 0
+        self._index.extend(ctx.tokens[seen:].tolist())
+        draft = self._index.continuation(k)
+        return Draft(torch.tensor(draft, dtype=torch.long, device=ctx.tokens.device))

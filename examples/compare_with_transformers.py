@@ -8,20 +8,28 @@ Greedy decoding, batch 1, CPU or GPU. Three pairs, each checked for identical to
 Runs are interleaved and repeated; the table gives median seconds and tokens/s per side and
 the ratio (specdec tokens/s over transformers tokens/s).
 
-The models are random (no downloads), so the draft model is made to agree with the target
-the way a trained one would: it is the target's first layers (shared embedding, final norm and
-LM head), and the target's later layers are scaled down so they refine rather than overturn
-the early layers' prediction. Timing depends on the machine: run it on an idle one.
+Models (nothing is downloaded):
+  --models trained  (default) the byte-level target and draft model that `examples/demo.py`
+                    trains on the standard library's source in about half a minute, with the
+                    demo's held-out prompt: real acceptance, small models (overhead matters).
+  --models random   a random Llama of --hidden/--layers/--vocab; its draft model is its first
+                    --draft-layers layers (shared embedding, final norm and LM head), and its
+                    later layers are scaled by --refine-scale so they refine rather than
+                    overturn the early prediction. Large sizes show the compute-bound regime.
+Timing depends on the machine: run it on an idle one.
 
-    python examples/compare_with_transformers.py --new-tokens 128 --repeats 5
+    python examples/compare_with_transformers.py --repeats 5
+    python examples/compare_with_transformers.py --models random --hidden 768 --layers 16
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -50,6 +58,23 @@ def build_models(args: argparse.Namespace) -> tuple[LlamaForCausalLM, LlamaForCa
     return target, draft
 
 
+def trained_models(seed: int) -> tuple[LlamaForCausalLM, LlamaForCausalLM, torch.Tensor]:
+    """The demo's trained byte-level target and draft model, and its held-out prompt."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import demo
+
+    target, draft = demo.prepare_models(demo.DEFAULT, seed)
+    return target.eval(), draft.eval(), demo.prompt_ids(demo.DEFAULT.prompt_bytes)
+
+
+def random_prompt(args: argparse.Namespace) -> torch.Tensor:
+    """Random ids with some repetition, as real prompts have."""
+    generator = torch.Generator().manual_seed(args.seed)
+    pattern = torch.randint(0, args.vocab, (args.prompt_length // 4,), generator=generator)
+    other = torch.randint(0, args.vocab, (args.prompt_length // 4,), generator=generator)
+    return torch.cat([pattern, other, pattern, pattern])
+
+
 def timed(run: Callable[[], list[int]]) -> tuple[list[int], float]:
     start = time.perf_counter()
     tokens = run()
@@ -58,10 +83,11 @@ def timed(run: Callable[[], list[int]]) -> tuple[list[int], float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--models", choices=("trained", "random"), default="trained")
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=1)
-    parser.add_argument("--refine-scale", type=float, default=0.3)
+    parser.add_argument("--refine-scale", type=float, default=0.03)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--prompt-length", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -71,13 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
-    target, draft = build_models(args)
+    torch.manual_seed(args.seed)
+    if args.models == "trained":
+        target, draft, prompt = trained_models(args.seed)
+    else:
+        (target, draft), prompt = build_models(args), random_prompt(args)
     target.to(args.device)
     draft.to(args.device)
-    generator = torch.Generator().manual_seed(args.seed)
-    pattern = torch.randint(0, args.vocab, (args.prompt_length // 4,), generator=generator)
-    prompt = torch.cat([pattern, torch.randint(0, args.vocab, (args.prompt_length // 4,), generator=generator),
-                        pattern, pattern]).to(args.device)  # some repetition, as in real prompts
+    prompt = prompt.to(args.device)
+    # transformers reads the assisted-generation settings from the assistant's own config.
+    draft.generation_config.num_assistant_tokens = args.k
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0  # no confidence cut
     ids = prompt.unsqueeze(0)
     budget = args.new_tokens
 
@@ -97,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "n-gram": (ours(specdec.make_drafter("ngram", max_ngram=3)),
                    hf(prompt_lookup_num_tokens=args.k, max_matching_ngram_size=3)),
         "draft model": (ours(specdec.make_drafter("draft-model", model=draft)),
-                        hf(assistant_model=draft, num_assistant_tokens=args.k,
-                           num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)),
+                        hf(assistant_model=draft)),
     }
     print(f"target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, draft "
           f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M, {args.device}, "

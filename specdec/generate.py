@@ -89,15 +89,15 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             draft_seconds += time.perf_counter() - tick
         tick = time.perf_counter()
         n = draft.tokens.shape[0]
-        inputs = torch.cat([tokens[length - 1 : length], draft.tokens]) if n else tokens[length - 1 : length]
-        logits, hidden = lm.forward(inputs, keep=n + 1, hidden=wants_hidden)  # (n+1, V)
+        tokens[length : length + n] = draft.tokens  # scratch beyond the committed length
+        logits, hidden = lm.forward(tokens[length - 1 : length + n], keep=n + 1, hidden=wants_hidden)
         if sampling.greedy:
             verdict = verify_greedy(logits.argmax(dim=-1), draft.tokens)
         else:
             verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
         emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
         m = len(emitted)
-        tokens[length : length + m] = verdict.tokens[:m]
+        tokens[length + verdict.num_accepted : length + m] = verdict.tokens[verdict.num_accepted : m]
         length += m
         lm.rollback(length - 1)
         new.extend(emitted)
