@@ -75,10 +75,23 @@ def random_prompt(args: argparse.Namespace) -> torch.Tensor:
     return torch.cat([pattern, other, pattern, pattern])
 
 
-def timed(run: Callable[[], list[int]]) -> tuple[list[int], float]:
+class ForwardCounter:
+    """Counts a model's forward calls (target forwards per run are a fair cost measure)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        model.register_forward_pre_hook(self._count)
+
+    def _count(self, module: torch.nn.Module, inputs: object) -> None:
+        self.calls += 1
+
+
+def timed(run: Callable[[], list[int]], counter: ForwardCounter) -> tuple[list[int], float, int]:
+    """Tokens, seconds and target forwards of one run."""
+    before = counter.calls
     start = time.perf_counter()
     tokens = run()
-    return tokens, time.perf_counter() - start
+    return tokens, time.perf_counter() - start, counter.calls - before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,19 +148,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.get_num_threads()} threads, prompt {prompt.numel()}, {budget} new tokens, k={args.k}")
     for ours_run, hf_run in pairs.values():  # warm-up
         ours_run(), hf_run()
+    counter = ForwardCounter(target)
     print(f"{'pair':<12} {'specdec s':>10} {'hf s':>10} {'specdec tok/s':>14} {'hf tok/s':>10} "
-          f"{'ratio':>7} {'same tokens':>12}")
+          f"{'ratio':>7} {'target forwards':>16} {'same tokens':>12}")
     for name, (ours_run, hf_run) in pairs.items():
         ours_times, hf_times, same = [], [], True
         for _ in range(args.repeats):
-            a, t_ours = timed(ours_run)
-            b, t_hf = timed(hf_run)
+            a, t_ours, ours_forwards = timed(ours_run, counter)
+            b, t_hf, hf_forwards = timed(hf_run, counter)
             ours_times.append(t_ours)
             hf_times.append(t_hf)
             same &= a == b
         t_ours, t_hf = statistics.median(ours_times), statistics.median(hf_times)
+        forwards = f"{ours_forwards} / {hf_forwards}"
         print(f"{name:<12} {t_ours:>10.3f} {t_hf:>10.3f} {budget / t_ours:>14.1f} {budget / t_hf:>10.1f} "
-              f"{t_hf / t_ours:>6.2f}x {'yes' if same else 'NO':>12}")
+              f"{t_hf / t_ours:>6.2f}x {forwards:>16} {'yes' if same else 'NO':>12}")
     return 0
 
 
