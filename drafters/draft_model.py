@@ -65,6 +65,10 @@ class DraftModelDrafter:
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._committed = ctx.tokens.shape[0]
+        if self.lm.max_positions is not None:  # a draft model with fewer positions drafts less
+            k = min(k, self.lm.max_positions - self._committed)
+        if k <= 0:
+            return Draft(ctx.tokens[:0])
         pending = ctx.tokens[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
         drafted: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []

@@ -37,12 +37,17 @@ class NgramIndex:
                 latest[tuple(ids[start : start + n])] = start
 
     def continuation(self, k: int) -> list[int]:
-        """Up to k ids after the latest earlier match of the last n ids, longest n first."""
+        """k ids copied from after the latest earlier match of the last n ids, longest n first.
+
+        The copy may run into the ids it is producing (as in LZ77), so a match close to the end
+        of a periodic context still continues the period for all k tokens.
+        """
         ids = self.ids
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             start = self._latest[n].get(tuple(ids[len(ids) - n :]))
             if start is not None:
-                return ids[start + n : start + n + k]
+                source = ids[start + n :]  # at least one id: the match has a continuation
+                return [source[i % len(source)] for i in range(k)]
         return []
 
 

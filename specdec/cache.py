@@ -1,7 +1,8 @@
 """KV caches of transformers models: creation, length and exact rollback.
 
 All knowledge of transformers' cache classes lives here (transformers 5.x: `DynamicCache.crop`
-takes a negative count of tokens to remove).
+takes a negative count of tokens to remove; sliding-window layers must record past states to
+be croppable; linear-attention state cannot be cropped at all).
 """
 
 from __future__ import annotations
@@ -11,17 +12,25 @@ from transformers.cache_utils import Cache
 
 __all__ = ["cache_length", "crop_cache", "new_cache", "uncroppable_layers"]
 
+_ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
 
 def new_cache(model: PreTrainedModel) -> Cache:
-    """An empty dynamic cache laid out for `model` (sliding-window layers included)."""
-    return DynamicCache(config=model.config)
+    """An empty dynamic cache laid out for `model`, every layer able to roll back."""
+    cache = DynamicCache(config=model.config)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()  # sliding-window layers keep what a crop needs
+    return cache
 
 
 def uncroppable_layers(model: PreTrainedModel) -> list[str]:
-    """Layer types whose state cannot be cut back to a prefix (linear attention, SSM)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layer_types = getattr(config, "layer_types", None) or []
-    return sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
+    """Kinds of layer whose state cannot be cut back to a prefix (linear attention, SSM)."""
+    config = model.config.get_text_config()
+    kinds = {t for t in (getattr(config, "layer_types", None) or []) if t not in _ATTENTION_LAYER_TYPES}
+    for layer in getattr(new_cache(model), "layers", []):
+        if not getattr(layer, "is_croppable", True):
+            kinds.add(type(layer).__name__)
+    return sorted(kinds)
 
 
 def cache_length(cache: Cache | None) -> int:
@@ -30,9 +39,12 @@ def cache_length(cache: Cache | None) -> int:
 
 
 def crop_cache(cache: Cache, length: int) -> None:
-    """Cut the cache back to its first `length` positions, in place."""
+    """Cut the cache back to its first `length` positions, in place.
+
+    Always calls `crop`, even to remove nothing: sliding-window layers trim the past states
+    they recorded for this rollback back to their window.
+    """
     current = cache_length(cache)
     if length > current or length < 0:
         raise ValueError(f"cannot crop a cache of {current} positions to {length}")
-    if length < current:
-        cache.crop(length - current)  # transformers 5.x: negative = tokens to remove
+    cache.crop(length - current)  # transformers 5.x: negative = tokens to remove

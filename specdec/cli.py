@@ -146,7 +146,7 @@ def _load_target(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
     return tokenizer, model.to(device).eval()
 
 
-def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+def _tokenizer_eos_ids(tokenizer: Any, model: Any) -> list[int]:
     """EOS ids from the model's generation config and the tokenizer, merged."""
     ids: set[int] = set()
     config = getattr(model, "generation_config", None)
@@ -181,7 +181,7 @@ def _generate_command(args: argparse.Namespace) -> int:
     try:
         result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
                           max_new_tokens=args.max_new_tokens, sampling=sampling,
-                          eos_token_id=_eos_ids(tokenizer, model) or None, seed=args.seed)
+                          eos_token_id=_tokenizer_eos_ids(tokenizer, model) or None, seed=args.seed)
     except ValueError as error:
         raise CLIError(_one_line(error)) from None
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))

@@ -16,7 +16,7 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import CausalLM
 from specdec.types import Draft, Generation, Sampling, Stats
-from specdec.verifier import validate_draft, verify_chain, verify_greedy
+from specdec.verifier import DraftError, validate_draft, verify_chain, verify_greedy
 
 __all__ = ["generate"]
 
@@ -42,8 +42,10 @@ def generate(
     _check_count("num_draft_tokens", num_draft_tokens)
     _check_count("max_new_tokens", max_new_tokens)
     prompt = _prompt(input_ids, lm, max_new_tokens)
-    resolved = _resolve_drafter(drafter)
-    stop_ids = _eos_ids(eos_token_id)
+    resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
+    stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():
@@ -56,7 +58,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
     start = time.perf_counter()
     name = _drafter_name(drafter)
     wants_hidden = bool(getattr(drafter, "uses_hidden_states", False))
-    propose = drafter.propose if drafter is not None and k > 0 else None
+    propose = drafter.propose if drafter is not None else None
     commit = getattr(drafter, "commit", None)
     prompt_length = prompt.shape[0]
     tokens = torch.empty(prompt_length + max_new_tokens, dtype=torch.long, device=lm.device)
@@ -65,7 +67,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
     empty = tokens[:0]
 
     lm.reset()
-    hidden = None
+    hidden = torch.empty(0, lm.hidden_size, dtype=lm.dtype, device=lm.device) if wants_hidden else None
     if prompt_length > 1:
         _, hidden = lm.forward(prompt[:-1], keep=1, hidden=wants_hidden)  # cache: all but the last
     ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size, hidden)
@@ -81,10 +83,14 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
     while len(new) < max_new_tokens:
         budget = max_new_tokens - len(new)
         draft = Draft(empty)
-        if propose is not None and budget > 1:
+        proposed = propose is not None and budget > 1
+        if proposed:
             tick = time.perf_counter()
             draft = propose(ctx, min(k, budget - 1))
             validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)
+            if lm.cache_length != length - 1:
+                raise DraftError(f"drafter {name!r} changed the target's KV cache ({length - 1} -> "
+                                 f"{lm.cache_length} positions); drafters must not run ctx.target.forward")
             _synchronize(lm.device)
             draft_seconds += time.perf_counter() - tick
         tick = time.perf_counter()
@@ -111,9 +117,11 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             accepted_at[i] += 1
         ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size,
                            None if hidden is None else hidden[:m])
-        if commit is not None:
-            commit(ctx, min(verdict.num_accepted, m))
         verify_seconds += time.perf_counter() - tick
+        if proposed and commit is not None:
+            tick = time.perf_counter()
+            commit(ctx, min(verdict.num_accepted, m))
+            draft_seconds += time.perf_counter() - tick
         if emitted and emitted[-1] in stop_ids:
             break
 
@@ -161,11 +169,11 @@ def _prompt(input_ids: Sequence[int] | torch.Tensor, lm: CausalLM, max_new_token
                          f"at positions {outside[:5]}")
     limit = lm.max_positions
     if limit is not None and ids.numel() > limit:
-        raise ValueError(f"the prompt has {ids.numel()} tokens but the model has {limit} learned "
+        raise ValueError(f"the prompt has {ids.numel()} tokens but the model was trained on {limit} "
                          "positions; shorten the prompt")
-    if limit is not None and ids.numel() + max_new_tokens > limit:
+    if limit is not None and lm.learned_positions and ids.numel() + max_new_tokens > limit:
         raise ValueError(f"prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's {limit} positions; set max_new_tokens <= {limit - ids.numel()}")
+                         f"the model's {limit} learned positions; set max_new_tokens <= {limit - ids.numel()}")
     return ids
 
 
@@ -188,7 +196,7 @@ def _drafter_name(drafter: Drafter | None) -> str:
     return str(getattr(drafter, "name", type(drafter).__name__))
 
 
-def _eos_ids(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+def _eos_ids(eos_token_id: int | Sequence[int] | None, vocab_size: int) -> frozenset[int]:
     if eos_token_id is None:
         return frozenset()
     ids = [eos_token_id] if isinstance(eos_token_id, int) else eos_token_id
@@ -196,4 +204,7 @@ def _eos_ids(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
         isinstance(i, int) and not isinstance(i, bool) for i in ids
     ):
         raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    outside = sorted(i for i in ids if not 0 <= i < vocab_size)
+    if outside:
+        raise ValueError(f"eos_token_id {outside} outside the vocabulary [0, {vocab_size})")
     return frozenset(ids)

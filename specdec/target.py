@@ -30,6 +30,9 @@ class CausalLM:
                 f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
                 f"{type(model).__name__}"
             )
+        if model.training:
+            raise ValueError(f"{type(model).__name__} is in training mode (dropout would make decoding "
+                             "random); call model.eval() first")
         unsupported = uncroppable_layers(model)
         if unsupported:
             raise ValueError(
@@ -45,6 +48,11 @@ class CausalLM:
             self.config, "n_positions", None
         )
         self.max_positions: int | None = int(positions) if positions else None
+        # Rotary models run past max_position_embeddings (degrading); learned tables cannot.
+        self.learned_positions: bool = not any(
+            getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
+        )
+        self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
         self.cache = None
 
     @property

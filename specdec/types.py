@@ -72,9 +72,13 @@ class Stats:
     """Counters of one generation.
 
     steps: target forwards after the prefill (each emits 1..k+1 tokens).
+    new_tokens: tokens emitted (the EOS included when it ended the run).
     drafted / accepted: draft tokens proposed / accepted by the verifier (a token accepted
         after an EOS in the same block counts as accepted, though it is not emitted).
     accepted_per_position[i] / drafted_per_position[i]: acceptance at draft position i.
+    prefill_seconds: the prompt's forward and the drafter's prefill.
+    draft_seconds: the drafter's propose and commit; verify_seconds: the target forwards after
+        the prefill, verification and bookkeeping; wall_seconds: the whole call.
     """
 
     steps: int = 0

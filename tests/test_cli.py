@@ -252,7 +252,7 @@ def test_drafter_spec_round_trips_typed_options(name: str, options: dict[str, ob
     ({"--temperature": "-1"}, "-1"),
     ({"--top-p": "1.5"}, "1.5"),
     ({"--k": "-2"}, "-2"),
-    ({"--max-new-tokens": "1000"}, "1000"),
+    ({"--max-new-tokens": "-5"}, "-5"),
     ({"--device": "warp-drive"}, "warp-drive"),
 ])
 def test_user_errors_exit_2_with_one_line_naming_the_value(checkpoint: Checkpoint, tmp_path: Path,

@@ -149,7 +149,7 @@ def test_caches_hold_exactly_the_committed_tokens_over_a_long_run(kind: str) -> 
     assert result.stats.steps - 1 <= spy.proposals <= result.stats.steps  # a budget of 1 needs no draft
     assert 0 < result.stats.accepted < result.stats.drafted, "the run must mix acceptances and rejections"
     if kind == "draft-model":
-        assert spy.draft_checks == result.stats.steps + 1  # after prefill and every commit
+        assert spy.draft_checks == spy.proposals + 1  # after prefill and the commit of every proposal
     assert spy.largest_target_cache <= len(PROMPT) + new_tokens - 1
     assert lm.cache_length == len(PROMPT) + new_tokens - 1
 
@@ -303,13 +303,19 @@ def test_bad_arguments_raise_naming_the_fault(arguments: dict, error: type, patt
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_prompt_and_budget_must_fit_the_models_positions(arch: str) -> None:
+def test_a_prompt_longer_than_the_trained_positions_is_refused(arch: str) -> None:
     model = tiny_model(arch, vocab_size=VOCAB, max_positions=16, layers=1, hidden=16)
     with pytest.raises(ValueError, match="17.*16"):
         specdec.generate(model, list(range(17)), max_new_tokens=0)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        specdec.generate(model, list(range(10)), max_new_tokens=7)
-    assert len(specdec.generate(model, list(range(10)), max_new_tokens=6).tokens) == 6
+
+
+def test_learned_positions_bound_prompt_plus_budget_but_rotary_ones_do_not() -> None:
+    learned = tiny_model("gpt2", vocab_size=VOCAB, max_positions=16, layers=1, hidden=16)
+    with pytest.raises(ValueError, match="max_new_tokens <= 6"):
+        specdec.generate(learned, list(range(10)), max_new_tokens=7)
+    assert len(specdec.generate(learned, list(range(10)), max_new_tokens=6).tokens) == 6
+    rotary = tiny_model("llama", vocab_size=VOCAB, max_positions=16, layers=1, hidden=16)
+    assert len(specdec.generate(rotary, list(range(10)), max_new_tokens=12).tokens) == 12
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused() -> None:

@@ -13,12 +13,16 @@ from tiny import tiny_model
 
 
 def brute_force(ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """Longest n first; for it, the latest start s < len - n whose n-gram equals the tail."""
+    """Longest n first; for it, the latest start s < len - n whose n-gram equals the tail; then
+    copy k ids from s + n on, one at a time, the copy reading the ids it appends."""
     for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
         tail = ids[len(ids) - n :]
         for start in range(len(ids) - n - 1, -1, -1):
             if ids[start : start + n] == tail:
-                return ids[start + n : start + n + k]
+                extended = list(ids)
+                for i in range(k):
+                    extended.append(extended[start + n + i])
+                return extended[len(ids) :]
     return []
 
 
@@ -43,6 +47,12 @@ def test_longest_ngram_wins_over_a_more_recent_shorter_match():
     index = NgramIndex(1, 3)
     index.extend([1, 2, 3, 7, 3, 9, 1, 2, 3])
     assert index.continuation(2) == [7, 3]
+
+
+def test_a_match_near_the_end_continues_the_period_for_all_k_tokens():
+    index = NgramIndex(1, 3)
+    index.extend([9, 4, 5, 4, 5, 4, 5])
+    assert index.continuation(5) == [4, 5, 4, 5, 4]
 
 
 def test_most_recent_match_wins_among_equal_lengths():
@@ -72,4 +82,4 @@ def test_drafts_live_on_the_tokens_device():
     ctx = specdec.DraftContext(torch.tensor([1, 2, 1, 2, 1]), specdec.Sampling(), torch.Generator(),
                                specdec.CausalLM(model), 64)
     draft = index_drafter.propose(ctx, 3)
-    assert draft.tokens.tolist() == [2, 1] and draft.tokens.device == ctx.tokens.device
+    assert draft.tokens.tolist() == [2, 1, 2] and draft.tokens.device == ctx.tokens.device

@@ -8,6 +8,8 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -27,6 +29,7 @@ def tiny_model(
     hidden: int = 32,
     head_scale: float = 6.0,
     max_positions: int = 256,
+    sliding_window: int | None = None,
 ) -> PreTrainedModel:
     """A randomly initialised causal LM in eval mode.
 
@@ -44,10 +47,12 @@ def tiny_model(
             "llama": (LlamaConfig, LlamaForCausalLM),
             "qwen2": (Qwen2Config, Qwen2ForCausalLM),
             "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
         }[arch]
+        extra = {} if sliding_window is None else {"sliding_window": sliding_window}
         config = cls_config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                            max_position_embeddings=max_positions, **common)
+                            max_position_embeddings=max_positions, **common, **extra)
         model = cls_model(config)
     model = model.to(dtype).eval()
     with torch.no_grad():

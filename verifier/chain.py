@@ -55,6 +55,9 @@ def verify_chain(
     if k == 0:
         last = torch.multinomial(p[0], 1, generator=generator)
         return Verdict(tokens=last, num_accepted=0)
+    if q is not None:  # rows validated to sum to 1 within rounding; sampling used them normalised
+        q = q.to(p.dtype)
+        q = q / q.sum(dim=-1, keepdim=True)
     accept = acceptance_probabilities(p[:k], q, tokens)  # (k,)
     uniforms = torch.rand(k, generator=generator, dtype=accept.dtype, device=accept.device)
     num_accepted = int((uniforms < accept).cumprod(0).sum())

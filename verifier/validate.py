@@ -49,6 +49,8 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
         raise _fail(drafter, f"probs must have shape [k'={k}, V={vocab_size}], got {shape}")
     if not probs.is_floating_point():
         raise _fail(drafter, f"probs must be floating point, got {probs.dtype}")
+    if probs.device != device:
+        raise _fail(drafter, f"probs are on {probs.device}, the target on {device}")
     if k == 0:
         return
     tolerance = _tolerance(probs.dtype)
