@@ -7,10 +7,21 @@ be croppable; linear-attention state cannot be cropped at all).
 
 from __future__ import annotations
 
+import transformers
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
-__all__ = ["cache_length", "crop_cache", "new_cache", "uncroppable_layers"]
+__all__ = ["cache_length", "check_transformers", "crop_cache", "new_cache", "uncroppable_layers"]
+
+MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
+
+
+def check_transformers() -> None:
+    """Raise if the installed transformers predates the `cache=` forward argument."""
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    if (major, minor) < MINIMUM_TRANSFORMERS:
+        raise RuntimeError(f"specdec needs transformers >= 5.24 (forwards take `cache=`), found "
+                           f"{transformers.__version__}; pip install 'transformers>=5.24,<5.25'")
 
 _ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 

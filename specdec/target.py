@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specdec.cache import cache_length, crop_cache, new_cache, uncroppable_layers
+from specdec.cache import cache_length, check_transformers, crop_cache, new_cache, uncroppable_layers
 
 __all__ = ["CausalLM"]
 
@@ -30,6 +30,7 @@ class CausalLM:
                 f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
                 f"{type(model).__name__}"
             )
+        check_transformers()
         if model.training:
             raise ValueError(f"{type(model).__name__} is in training mode (dropout would make decoding "
                              "random); call model.eval() first")
