@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# The CPU wheel of torch; pyproject.toml keeps torch's range open for users.
+	# torch pinned here only: on this project's machines this takes the local CPU wheel;
+	# pyproject.toml keeps the range open for users.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)

@@ -24,15 +24,6 @@ PROMPT = [5, 9, 14, 22, 5, 9, 14, 22, 5, 9, 14]  # repetitive: n-gram lookup dra
 NEW_TOKENS = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads; on a shared 2-core machine they only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _target(arch: str) -> PreTrainedModel:
     return tiny_model(arch, vocab_size=VOCAB, seed=0)

@@ -23,15 +23,6 @@ REFERENCE_TOKENS = 40
 SAMPLED = Sampling(temperature=0.8, top_k=20, top_p=0.9)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads; on a shared 2-core machine they only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _target() -> PreTrainedModel:
     return tiny_model("llama", vocab_size=VOCAB, seed=0)

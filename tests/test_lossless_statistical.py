@@ -40,15 +40,6 @@ PLAIN = Sampling(temperature=1.0)
 TRUNCATED = Sampling(temperature=0.7, top_k=4, top_p=0.9)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny forwards are overhead-bound; extra threads only contend on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target() -> PreTrainedModel:
     return tiny_model(seed=0, **MODEL)

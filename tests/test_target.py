@@ -20,15 +20,6 @@ IDS = torch.tensor([3, 17, 42, 8, 8, 61, 0, 25, 33, 12, 50, 7, 19, 2, 44, 63, 5,
 OTHER = torch.tensor([9, 9, 41, 27, 1, 58, 36, 14, 22, 11, 6, 48, 39, 20, 55, 4, 31, 16])  # (18,)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads; on a shared 2-core machine they only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _model(arch: str) -> PreTrainedModel:
     return tiny_model(arch, vocab_size=VOCAB, max_positions=POSITIONS)
