@@ -55,7 +55,8 @@ class DraftModelDrafter:
                 f"output tokens, the target {ctx.vocab_size}; use a draft model with the target's tokenizer"
             )
         if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
-            self.lm = CausalLM(self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype))
+            moved = self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype)  # type: ignore[call-arg]
+            self.lm = CausalLM(moved)
         if self.lm.device != ctx.target.device:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")

@@ -143,7 +143,7 @@ def _load_target(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError, KeyError) as error:
         raise CLIError(f"cannot load --target {str(path)!r}: {_one_line(error)}") from None
-    return tokenizer, model.to(device).eval()
+    return tokenizer, model.to(device).eval()  # type: ignore[arg-type]
 
 
 def _tokenizer_eos_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -84,7 +84,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
         budget = max_new_tokens - len(new)
         draft = Draft(empty)
         proposed = propose is not None and budget > 1
-        if proposed:
+        if propose is not None and proposed:
             tick = time.perf_counter()
             draft = propose(ctx, min(k, budget - 1))
             validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)

@@ -14,7 +14,7 @@ __all__ = ["NAME", "hookimpl", "hookspec", "specdec_register_drafters"]
 
 
 @hookspec
-def specdec_register_drafters() -> list[type[Drafter]]:
+def specdec_register_drafters() -> list[type[Drafter]]:  # type: ignore[empty-body]
     """Return the Drafter classes this plugin provides.
 
     Each class has a unique class attribute `name` (the name users pass to

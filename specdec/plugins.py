@@ -13,7 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 import pluggy
 
@@ -99,7 +100,7 @@ def load_registry() -> Registry:
     origins: dict[str, str] = {}
     for impl in reversed(manager.hook.specdec_register_drafters.get_hookimpls()):
         try:
-            classes = list(impl.function())
+            classes = list(cast(Iterable[Any], impl.function()))
         except Exception as error:
             failures.append(PluginFailure(impl.plugin_name, f"specdec_register_drafters raised "
                                                             f"{type(error).__name__}: {error}"))

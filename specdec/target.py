@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
 
 from specdec.cache import cache_length, check_transformers, crop_cache, new_cache, uncroppable_layers
 
@@ -54,7 +55,7 @@ class CausalLM:
             getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
         )
         self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
-        self.cache = None
+        self.cache: Cache | None = None
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -111,4 +112,7 @@ class CausalLM:
 
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions (an exact crop)."""
+        if self.cache is None:
+            self.reset()
+        assert self.cache is not None
         crop_cache(self.cache, length)
