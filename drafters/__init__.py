@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.hookspecs import hookimpl
 from specdec.protocols import Drafter
 
-__all__ = ["DraftModelDrafter", "NgramDrafter", "specdec_register_drafters"]
+__all__ = ["DraftModelDrafter", "MedusaDrafter", "NgramDrafter", "specdec_register_drafters"]
 
 
 @hookimpl
 def specdec_register_drafters() -> list[type[Drafter]]:
-    return [NgramDrafter, DraftModelDrafter]
+    return [NgramDrafter, DraftModelDrafter, MedusaDrafter]

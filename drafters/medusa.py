@@ -1,0 +1,240 @@
+"""Medusa heads: extra decoding heads on the target's last hidden state (Cai et al. 2024,
+"Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads").
+
+Head i (0-based) maps the hidden state at position t (whose own LM head gave token t+1) to
+token t+2+i: L residual blocks `x + SiLU(W x + b)`, then a bias-free projection to the
+vocabulary. In the loop's terms, the last row of `ctx.hidden_states` belongs to tokens[-2],
+so head i proposes the token i+1 places after tokens[-1]. Drafts are the heads' top-1
+(deterministic, one-hot q) unless `sample=True`, which draws each token from the head's
+processed distribution and reports it as q. Heads are a chain here, not Medusa's tree.
+
+Checkpoint format (the public Medusa-1 layout): a directory with `config.json`
+(`medusa_num_heads`, `medusa_num_layers`, optionally `hidden_size`, `vocab_size`) and
+`medusa_lm_head.safetensors` or `medusa_lm_head.pt`, keys `{h}.{l}.linear.weight`,
+`{h}.{l}.linear.bias` for l < L and `{h}.{L}.weight` for the vocabulary projection.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from specdec.protocols import DraftContext
+from specdec.sampling import probabilities
+from specdec.types import Draft
+
+__all__ = ["MedusaDrafter", "MedusaHeads", "load_medusa", "save_medusa"]
+
+CONFIG = "config.json"
+SAFETENSORS = "medusa_lm_head.safetensors"
+TORCH = "medusa_lm_head.pt"
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), H -> H."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads of L residual blocks and a vocabulary projection; state-dict keys are the
+    public Medusa ones (`{h}.{l}.linear.weight|bias`, `{h}.{L}.weight`)."""
+
+    def __init__(self, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int) -> None:
+        super().__init__()
+        for field, value, least in (("num_heads", num_heads, 1), ("num_layers", num_layers, 0),
+                                    ("hidden_size", hidden_size, 1), ("vocab_size", vocab_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"medusa: {field} must be an int >= {least}, got {value!r}")
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        for h in range(num_heads):
+            blocks = [ResBlock(hidden_size) for _ in range(num_layers)]
+            self.add_module(str(h), nn.Sequential(*blocks, nn.Linear(hidden_size, vocab_size, bias=False)))
+
+    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """Logits [count, ..., V] of the first `count` heads (default all) for hidden [..., H]."""
+        heads = list(self.children())[: self.num_heads if count is None else count]
+        return torch.stack([head(hidden) for head in heads])
+
+
+def expected_shapes(num_heads: int, num_layers: int, hidden_size: int,
+                    vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """Every key of the Medusa layout and its shape, in state-dict order."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            shapes[f"{h}.{layer}.linear.weight"] = (hidden_size, hidden_size)
+            shapes[f"{h}.{layer}.linear.bias"] = (hidden_size,)
+        shapes[f"{h}.{num_layers}.weight"] = (vocab_size, hidden_size)
+    return shapes
+
+
+def _check_shapes(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], file: Path,
+                  hint: str) -> None:
+    """Raise naming the file, the first bad key and both shapes; `hint` says what to do."""
+    for key, shape in expected.items():
+        if key not in tensors:
+            present = ", ".join(sorted(tensors)[:8]) + (", ..." if len(tensors) > 8 else "")
+            raise KeyError(f"medusa: {file}: key {key!r} is missing (expected shape {shape}); the file "
+                           f"holds [{present}]; {hint}")
+        actual = tuple(tensors[key].shape)
+        if actual != shape:
+            raise ValueError(f"medusa: {file}: key {key!r} has shape {actual}, expected {shape}; {hint}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise ValueError(f"medusa: {file}: unexpected keys {unexpected[:8]} for a checkpoint of "
+                         f"{len(expected)} tensors; {hint}")
+
+
+def _read_config(directory: Path) -> dict[str, int]:
+    path = directory / CONFIG
+    if not directory.is_dir():
+        raise FileNotFoundError(f"medusa: {str(directory)!r} is not a directory; pass the folder holding "
+                                f"{CONFIG} and {SAFETENSORS} or {TORCH}")
+    if not path.is_file():
+        raise FileNotFoundError(f"medusa: {path} not found; a Medusa checkpoint directory needs {CONFIG} "
+                                "with medusa_num_heads and medusa_num_layers")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"medusa: {path} is not valid JSON: {error}") from None
+    config: dict[str, int] = {}
+    for field in ("medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size"):
+        value = raw.get(field) if isinstance(raw, dict) else None
+        if value is None and field.startswith("medusa_"):
+            raise ValueError(f"medusa: {path} has no {field!r}; add it (the number of Medusa "
+                             f"{'heads' if field.endswith('heads') else 'residual blocks per head'})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < (0 if field == "medusa_num_layers" else 1)):
+            least = 0 if field == "medusa_num_layers" else 1
+            raise ValueError(f"medusa: {path}: {field} must be an int >= {least}, got {value!r}")
+        if value is not None:
+            config[field] = value
+    return config
+
+
+def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """The tensors of the weights file (safetensors preferred) and its path."""
+    if (directory / SAFETENSORS).is_file():
+        from safetensors.torch import load_file
+
+        file = directory / SAFETENSORS
+        return load_file(str(file)), file
+    if (directory / TORCH).is_file():
+        file = directory / TORCH
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise ValueError(f"medusa: {file} does not hold a state dict of tensors")
+        return dict(state), file
+    raise FileNotFoundError(f"medusa: {directory} holds neither {SAFETENSORS} nor {TORCH}")
+
+
+def _load(path: str | Path) -> tuple[MedusaHeads, Path]:
+    directory = Path(path)
+    config = _read_config(directory)
+    tensors, file = _read_weights(directory)
+    heads, layers = config["medusa_num_heads"], config["medusa_num_layers"]
+    projection = tensors.get(f"0.{layers}.weight")  # (V, H): sizes the config may omit
+    if projection is None and not {"hidden_size", "vocab_size"} <= set(config):
+        raise KeyError(f"medusa: {file}: key '0.{layers}.weight' (the first head's vocabulary "
+                       f"projection) is missing, and {CONFIG} gives no hidden_size / vocab_size")
+    inferred = tuple(projection.shape) + (0, 0) if projection is not None else (0, 0)
+    vocab_size = config.get("vocab_size", inferred[0])
+    hidden_size = config.get("hidden_size", inferred[1])
+    hint = (f"the checkpoint declares {heads} heads of {layers} blocks, hidden size {hidden_size}, "
+            f"vocabulary {vocab_size} ({CONFIG}, else key '0.{layers}.weight')")
+    _check_shapes(tensors, expected_shapes(heads, layers, hidden_size, vocab_size), file, hint)
+    integral = sorted(key for key, tensor in tensors.items() if not tensor.is_floating_point())
+    if integral:
+        raise ValueError(f"medusa: {file}: keys {integral[:8]} are not floating point")
+    model = MedusaHeads(heads, layers, hidden_size, vocab_size).to(tensors[f"0.{layers}.weight"].dtype)
+    model.load_state_dict(tensors)
+    return model.eval(), file
+
+
+def load_medusa(path: str | Path) -> MedusaHeads:
+    """Read a Medusa checkpoint directory (CPU, the file's dtype)."""
+    return _load(path)[0]
+
+
+def save_medusa(heads: MedusaHeads, path: str | Path, safe: bool = True) -> None:
+    """Write `heads` as a Medusa checkpoint directory (safetensors, or a torch state dict),
+    replacing a checkpoint already there in either format."""
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
+              "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size}
+    (directory / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    state = {key: tensor.detach().cpu().contiguous() for key, tensor in heads.state_dict().items()}
+    (directory / (TORCH if safe else SAFETENSORS)).unlink(missing_ok=True)  # loading prefers safetensors
+    if safe:
+        from safetensors.torch import save_file
+
+        save_file(state, str(directory / SAFETENSORS))
+    else:
+        torch.save(state, directory / TORCH)
+
+
+class MedusaDrafter:
+    """Drafts min(k, K) tokens, one per head, from the Medusa checkpoint at `path`.
+
+    sample: draw from each head's processed distribution (reported as q) when the sampling
+    is not greedy; by default drafts are each head's argmax. The heads follow the target's
+    device and dtype.
+    """
+
+    name: ClassVar[str] = "medusa"
+    uses_hidden_states: ClassVar[bool] = True
+
+    def __init__(self, path: str | Path, sample: bool = False) -> None:
+        self.heads, self.file = _load(path)
+        self.sample = bool(sample)
+        self._last: torch.Tensor | None = None  # (1, H) hidden state of tokens[-2]
+
+    def prefill(self, ctx: DraftContext) -> None:
+        target = ctx.target
+        expected = expected_shapes(self.heads.num_heads, self.heads.num_layers, target.hidden_size,
+                                   ctx.vocab_size)
+        _check_shapes(dict(self.heads.state_dict()), expected, self.file,
+                      f"the target has hidden size {target.hidden_size} and vocabulary {ctx.vocab_size}; "
+                      "use Medusa heads trained for this target")
+        first = next(self.heads.parameters())
+        if (first.device, first.dtype) != (target.device, target.dtype):
+            with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, trainable later
+                self.heads.to(device=target.device, dtype=target.dtype)
+        self._last = None
+        self._remember(ctx)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._remember(ctx)
+        count = min(k, self.heads.num_heads)
+        if self._last is None or count <= 0:
+            return Draft(ctx.tokens[:0])
+        with torch.no_grad():
+            logits = self.heads(self._last, count)[:, 0]  # (k', V)
+        if self.sample and not ctx.sampling.greedy:
+            q = probabilities(logits, ctx.sampling)  # (k', V)
+            tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)  # (k',)
+            return Draft(tokens, q)
+        return Draft(logits.argmax(dim=-1))
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        self._remember(ctx)
+
+    def _remember(self, ctx: DraftContext) -> None:
+        """Keep the newest hidden row (an empty block, from a 1-token prompt, adds none)."""
+        if ctx.hidden_states is None:
+            raise ValueError("medusa: ctx.hidden_states is None; the decode loop must pass the target's "
+                             "hidden states to drafters with uses_hidden_states = True")
+        if ctx.hidden_states.shape[0] > 0:
+            self._last = ctx.hidden_states[-1:]  # (1, H)
