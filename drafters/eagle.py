@@ -1,0 +1,244 @@
+"""EAGLE-1: feature-level autoregression on the target's own hidden states.
+
+Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty".
+At position j the head reads fc(cat(embed(x_{j+1}), f_j)) (2H -> H, concat order
+[embedding, feature] as in the public EAGLE code), where f_j is the target's last-layer
+post-final-norm hidden state at j and `embed` is the TARGET's embedding. One decoder layer of
+the architecture the checkpoint's config.json names (Llama in published EAGLE-1 checkpoints,
+whatever the target), its input norm removed, predicts f_{j+1}; the TARGET's LM head turns that
+feature into the next token's logits. Drafting feeds each predicted feature back as the next
+input: (d_1, f̂_{T-1}) -> f̂_T -> d_2, and so on.
+
+Checkpoint: a directory with config.json (1 layer, `architectures`, optional `bias`) and
+`fc.weight`, `fc.bias`, `layers.0.*` (no `layers.0.input_layernorm.*`) in model.safetensors or
+pytorch_model.bin; an `embed_tokens.weight` copy is shape-checked and ignored.
+
+State invariant (T = len(ctx.tokens)): the head's KV cache holds one entry per REAL pair
+(x_{j+1}, f_j), j = 0..C-1, with C = T - 1 - P where P is the number of real pairs received
+(ctx.hidden_states rows) and not yet fed. After prefill P = 0; after each commit P is the number
+of hidden-state rows just received: drafted-feature entries are cropped away. Propose feeds the
+P pending pairs in one forward (its last output f̂_{T-1} gives d_1), then k - 1 one-position
+forwards of (d_i, f̂) at positions T-1, T, ...; commit crops back to the T - 1 real entries.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.masking_utils import create_causal_mask
+
+from specdec.cache import cache_length, crop_cache, new_cache
+from specdec.protocols import DraftContext
+from specdec.sampling import sample
+from specdec.target import CausalLM
+from specdec.types import Draft
+
+__all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
+
+SAFETENSORS = "model.safetensors"
+PICKLE = "pytorch_model.bin"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
+
+
+def _layer_classes(config: PretrainedConfig) -> tuple[type[nn.Module], type[nn.Module]]:
+    """The decoder-layer and rotary-embedding classes of the architecture the config names."""
+    import transformers
+
+    names = list(getattr(config, "architectures", None) or [])
+    owner: Any = getattr(transformers, names[0], None) if names else None
+    if owner is None:
+        owner = transformers.MODEL_MAPPING[type(config)]
+    module = sys.modules[owner.__module__]
+    prefix = owner.__name__.split("For")[0].removesuffix("Model")
+    layer, rotary = getattr(module, f"{prefix}DecoderLayer", None), getattr(module, f"{prefix}RotaryEmbedding", None)
+    if layer is None or rotary is None:
+        raise ValueError(f"eagle: architecture {owner.__name__} has no {prefix}DecoderLayer / "
+                         f"{prefix}RotaryEmbedding in {module.__name__}; use a Llama-style EAGLE config")
+    return layer, rotary
+
+
+class EagleHead(nn.Module):
+    """fc (2H -> H) and one decoder layer without its input norm: (embeddings, features) -> features."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if config.num_hidden_layers != 1:
+            raise ValueError(f"eagle: EAGLE-1 heads have one decoder layer, the config has "
+                             f"num_hidden_layers={config.num_hidden_layers}")
+        config._attn_implementation = "sdpa"
+        self.config = config
+        layer_class, rotary_class = _layer_classes(config)
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=bool(getattr(config, "bias", True)))
+        layer = layer_class(config, 0)
+        layer.input_layernorm = nn.Identity()  # EAGLE-1 drops layer 0's input norm
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = rotary_class(config)  # buffers only, not saved
+        self.files: tuple[Path | str, Path | str] = ("config.json", "the weights")  # for error messages
+        self.embed_shape: tuple[int, ...] | None = None  # of a stored embed_tokens.weight copy
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: Cache | None = None) -> torch.Tensor:
+        """embeds, features [n, H], positions [n] (absolute) -> predicted next features [n, H]."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))[None]  # (1, n, H)
+        position_ids = positions[None]  # (1, n)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
+                                  position_ids=position_ids)
+        out = self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
+                             use_cache=cache is not None,
+                             position_embeddings=self.rotary_emb(x, position_ids=position_ids))
+        return (out[0] if isinstance(out, tuple) else out)[0]  # (n, H)
+
+    def new_cache(self) -> Cache:
+        return new_cache(cast(PreTrainedModel, self))  # only reads .config (a 1-layer layout)
+
+
+def _read_weights(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    for name in (SAFETENSORS, PICKLE):
+        file = path / name
+        if file.is_file():
+            if name == SAFETENSORS:
+                from safetensors.torch import load_file
+
+                return file, load_file(str(file))
+            return file, torch.load(file, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"eagle: {str(path)!r} holds neither {SAFETENSORS} nor {PICKLE}")
+
+
+def load_eagle(path: str | Path, target: CausalLM | PreTrainedModel | None = None) -> EagleHead:
+    """Read an EAGLE-1 checkpoint directory; with `target`, check it fits and follow its device/dtype."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"eagle: {str(path)!r} is not an EAGLE checkpoint (no config.json)")
+    config = AutoConfig.from_pretrained(str(path))
+    head = EagleHead(config)
+    file, weights = _read_weights(path)
+    expected = head.state_dict()
+    unexpected = sorted(key for key in weights if key not in expected and key != "embed_tokens.weight"
+                        and not key.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        raise ValueError(f"eagle: {file} holds keys an EAGLE-1 head does not have: {unexpected[:5]}; "
+                         "is it an EAGLE-2/3 or Medusa checkpoint?")
+    for key, tensor in expected.items():
+        if key not in weights:
+            raise KeyError(f"eagle: {file} lacks {key!r} (expected shape {tuple(tensor.shape)})")
+        if weights[key].shape != tensor.shape:
+            raise ValueError(f"eagle: {file}: {key!r} has shape {tuple(weights[key].shape)}, expected "
+                             f"{tuple(tensor.shape)} from {path / 'config.json'}")
+    head.to(dtype=weights["fc.weight"].dtype)  # keep the stored precision until a target says otherwise
+    head.load_state_dict({key: weights[key] for key in expected})
+    head.embed_shape = tuple(weights["embed_tokens.weight"].shape) if "embed_tokens.weight" in weights else None
+    head.files = (path / "config.json", file)
+    if target is not None:
+        lm = target if isinstance(target, CausalLM) else CausalLM(target)
+        check_fits(head, lm)
+        head.to(device=lm.device, dtype=lm.dtype)
+    return head.eval()
+
+
+def check_fits(head: EagleHead, lm: CausalLM) -> None:
+    """Raise naming the file, the key and both shapes when the head does not fit the target."""
+    config_file, weights_file = head.files
+    hidden, vocab = head.config.hidden_size, head.config.vocab_size
+    if hidden != lm.hidden_size:
+        raise ValueError(f"eagle: {weights_file}: 'fc.weight' has shape {tuple(head.fc.weight.shape)} "
+                         f"(hidden_size {hidden} in {config_file}) but the target's hidden states need "
+                         f"{(lm.hidden_size, 2 * lm.hidden_size)} (hidden size {lm.hidden_size})")
+    if vocab != lm.vocab_size:
+        raise ValueError(f"eagle: {config_file}: 'vocab_size' is {vocab} but the target's LM head has "
+                         f"{lm.vocab_size} rows; use an EAGLE head trained for this target")
+    embed_shape = head.embed_shape
+    target_shape = tuple(cast(torch.Tensor, lm.embed_tokens.weight).shape)
+    if embed_shape is not None and embed_shape != target_shape:
+        raise ValueError(f"eagle: {weights_file}: 'embed_tokens.weight' has shape {embed_shape} but the "
+                         f"target's embedding has {target_shape}; use an EAGLE head trained for this target")
+
+
+def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
+    """Write `head` as an EAGLE-1 checkpoint directory (config.json + safetensors or .bin)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = head.config.to_dict()
+    config["architectures"] = config.get("architectures") or ["LlamaForCausalLM"]
+    config["bias"] = head.fc.bias is not None
+    config.pop("_attn_implementation_autoset", None)
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    state = {key: tensor.detach().cpu().contiguous() for key, tensor in head.state_dict().items()}
+    if safe:
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / SAFETENSORS), metadata={"format": "pt"})
+    else:
+        torch.save(state, path / PICKLE)
+    return path
+
+
+class EagleDrafter:
+    """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head."""
+
+    name: ClassVar[str] = "eagle"
+    uses_hidden_states: ClassVar[bool] = True
+
+    def __init__(self, path: str | Path) -> None:
+        self.head = load_eagle(path)
+        self.cache: Cache = self.head.new_cache()
+        self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position
+        self._real = 0  # cache entries from real pairs at the last propose
+
+    @property
+    def cache_length(self) -> int:
+        return cache_length(self.cache)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        check_fits(self.head, ctx.target)
+        self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
+        self.cache = self.head.new_cache()
+        self._feature = None
+        self._feed_pending(ctx)
+
+    def _feed_pending(self, ctx: DraftContext) -> None:
+        """Feed the real pairs (x_{j+1}, f_j) not yet in the cache; keep the last predicted feature."""
+        start, end = self.cache_length, ctx.tokens.shape[0] - 1  # positions j in [start, end)
+        if end <= start:
+            return
+        states = ctx.hidden_states
+        if states is None or states.shape[0] < end - start:
+            rows = None if states is None else states.shape[0]
+            raise RuntimeError(f"eagle: {end - start} target hidden states needed, got {rows}; "
+                               "the loop must pass uses_hidden_states rows for every processed position")
+        features = states[states.shape[0] - (end - start):]  # (P, H) f_start .. f_{end-1}
+        embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
+        positions = torch.arange(start, end, device=features.device)
+        self._feature = self.head(embeds, features, positions, self.cache)[-1:]  # (1, H)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._feed_pending(ctx)
+        self._real = self.cache_length
+        if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet
+            return Draft(ctx.tokens[:0])
+        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
+        feature = self._feature
+        positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
+        drafted: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            token, probs = sample(lm_head(feature), ctx.sampling, ctx.generator)  # (1,), (1, V)
+            drafted.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < k:  # the feature after the last draft is never needed
+                feature = self.head(embed(token), feature, positions[i : i + 1], self.cache)  # (1, H)
+        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        # Entries past the real pairs came from drafted features: drop them. The accepted
+        # positions return as real pairs from ctx.hidden_states at the next propose.
+        crop_cache(self.cache, min(self._real, self.cache_length))
+        self._feature = None
