@@ -1,7 +1,11 @@
 """Adapter over a transformers causal LM: one KV cache, forwards that keep only the logits
 asked for, the hidden states drafters read, and exact rollback to a prefix.
 
-The same adapter serves the target and any drafter that runs a causal LM of its own.
+The same adapter serves the target and any drafter that runs a causal LM of its own. Hybrid
+models (Qwen3-Next: GatedDeltaNet linear attention beside full attention) hold recurrent
+state that cannot be cropped: each forward first snapshots it and keeps the ids it feeds, and
+a rollback restores the latest snapshot at or before the new length, then replays the ids
+from there to that length in one forward (none when the snapshot is exactly there).
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from specdec.cache import cache_length, check_transformers, crop_cache, new_cache, uncroppable_layers
+from specdec.cache import (Snapshot, cache_length, check_transformers, crop_cache, has_recurrent_state, new_cache,
+                           restore, snapshot, uncroppable_layers)
 
 __all__ = ["CausalLM"]
 
@@ -39,7 +44,7 @@ class CausalLM:
         if unsupported:
             raise ValueError(
                 f"{type(model).__name__} has {', '.join(unsupported)} layers whose state cannot be "
-                "rolled back to a prefix; this version of specdec serves attention-only models"
+                "rolled back to a prefix; specdec serves attention and linear-attention layers"
             )
         self.model = model
         self.config = model.config.get_text_config()
@@ -56,6 +61,8 @@ class CausalLM:
         )
         self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
         self.cache: Cache | None = None
+        self._recurrent = False  # whether rollback needs snapshots (hybrid model)
+        self._snapshots: list[tuple[Snapshot, torch.Tensor]] = []  # (state before a forward, ids it fed)
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -86,6 +93,8 @@ class CausalLM:
     def reset(self) -> None:
         """Drop the cache; the next forward starts at position 0."""
         self.cache = new_cache(self.model)
+        self._recurrent = has_recurrent_state(self.cache)
+        self._snapshots = []
 
     def forward(
         self, input_ids: torch.Tensor, keep: int, hidden: bool = False
@@ -99,6 +108,12 @@ class CausalLM:
             raise ValueError(f"keep must be >= 1 (rows of logits to return), got {keep}")
         if self.cache is None:
             self.reset()
+        assert self.cache is not None
+        if self._recurrent:  # ids are cloned: callers reuse their buffers
+            self._snapshots.append((snapshot(self.cache), input_ids.clone()))
+        return self._run(input_ids, keep, hidden)
+
+    def _run(self, input_ids: torch.Tensor, keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.model(
             input_ids=input_ids.unsqueeze(0),  # (1, n)
             cache=self.cache,
@@ -111,8 +126,30 @@ class CausalLM:
         return logits, states
 
     def rollback(self, length: int) -> None:
-        """Keep the first `length` cached positions (an exact crop)."""
+        """Keep the first `length` cached positions, exactly.
+
+        Hybrid models can go back to any position since the last rollback or reset.
+        """
         if self.cache is None:
             self.reset()
         assert self.cache is not None
-        crop_cache(self.cache, length)
+        current = self.cache_length
+        if not self._recurrent or length == current:
+            crop_cache(self.cache, length)
+        else:
+            self._restore_and_replay(length, current)
+        self._snapshots = []
+
+    def _restore_and_replay(self, length: int, current: int) -> None:
+        starts = [saved.length for saved, _ in self._snapshots]
+        if not 0 <= length <= current or not starts or length < starts[0]:
+            raise ValueError(f"cannot roll back a cache of {current} positions to {length}: a hybrid model "
+                             f"rolls back only to positions {starts[0] if starts else current}..{current} "
+                             "fed since the last rollback or reset")
+        index = max(i for i, start in enumerate(starts) if start <= length)
+        saved = self._snapshots[index][0]
+        assert self.cache is not None
+        restore(self.cache, saved)
+        if length > saved.length:
+            fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
+            self._run(fed[: length - saved.length], keep=1, hidden=False)  # under the caller's grad mode
