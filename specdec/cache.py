@@ -11,6 +11,7 @@ running sum that no crop can undo: `snapshot` copies it (fixed size) before a fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import transformers
@@ -82,7 +83,7 @@ def crop_cache(cache: Cache, length: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin) and not any(layer.is_conv_states_initialized.values()):
             continue  # never run: nothing recorded, and its crop would fail on the missing states
-        layer.crop(length - current)  # transformers 5.x: negative = tokens to remove
+        cast(Any, layer).crop(length - current)  # transformers 5.x: negative = tokens to remove
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def snapshot(cache: Cache) -> Snapshot:
                 if not layer.has_previous_state[i]:
                     states[index, i] = None
                 elif layer.is_recurrent_states_initialized[i]:  # conv-only layers crop exactly
-                    states[index, i] = layer.recurrent_states[i].clone()
+                    states[index, i] = cast(torch.Tensor, layer.recurrent_states[i]).clone()
     return Snapshot(cache_length(cache), states)
 
 
@@ -115,7 +116,7 @@ def restore(cache: Cache, saved: Snapshot) -> None:
     """
     crop_cache(cache, saved.length)
     for (index, i), state in saved.states.items():
-        layer = cache.layers[index]
+        layer = cast(Any, cache.layers[index])
         if state is not None:
             layer.recurrent_states[i].copy_(state)
         elif layer.has_previous_state[i]:
