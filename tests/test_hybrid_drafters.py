@@ -6,15 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import specdec
 from specdec import Sampling
 from specdec.drafters.eagle import EagleDrafter, save_eagle
 from specdec.drafters.medusa import MedusaDrafter, save_medusa
+from specdec.drafters.mtp import MtpDrafter
 from test_eagle import random_head
 from test_hybrid import float64_kernels, tiny_hybrid  # noqa: F401  (the fixture applies here too)
 from test_lossless_statistical import ALPHA, PROMPT, VOCAB, chi_square_p_value, exact_distribution, sample_counts
 from test_medusa import random_heads
+from test_mtp import mtp_tensors, write_target
 from tiny import hf_greedy
 
 HIDDEN = 32
@@ -30,22 +33,40 @@ def eagle(directory: Path, hidden: int, vocab: int) -> EagleDrafter:
     return EagleDrafter(directory)
 
 
-@pytest.mark.parametrize("make", [medusa, eagle], ids=["medusa", "eagle"])
-def test_greedy_output_on_a_hybrid_target_equals_transformers(tmp_path: Path, make) -> None:
+def mtp(directory: Path, target: torch.nn.Module, sample: bool = False) -> MtpDrafter:
+    """The hybrid target saved with a random Qwen3-Next-layout MTP module (`mtp.*`)."""
+    return MtpDrafter(write_target(target, mtp_tensors(target, "qwen", seed=6), directory), sample=sample)
+
+
+GREEDY = {
+    "medusa": lambda directory, target: medusa(directory, HIDDEN, 64),
+    "eagle": lambda directory, target: eagle(directory, HIDDEN, 64),
+    "mtp": lambda directory, target: mtp(directory, target),
+}
+
+
+@pytest.mark.parametrize("name", list(GREEDY))
+def test_greedy_output_on_a_hybrid_target_equals_transformers(tmp_path: Path, name: str) -> None:
     target = tiny_hybrid(vocab_size=64, hidden=HIDDEN)
     prompt = [3, 17, 9, 3, 17, 9, 3, 17]
-    result = specdec.generate(target, prompt, drafter=make(tmp_path, HIDDEN, 64), num_draft_tokens=3,
+    result = specdec.generate(target, prompt, drafter=GREEDY[name](tmp_path, target), num_draft_tokens=3,
                               max_new_tokens=16)
     assert result.tokens == hf_greedy(target, prompt, 16)
     assert result.stats.drafted > 0
 
 
-@pytest.mark.parametrize("make", [lambda d, h, v: medusa(d, h, v, sample=True), eagle],
-                         ids=["medusa-sampled", "eagle"])
-def test_sampling_on_a_hybrid_target_is_lossless(tmp_path: Path, make) -> None:
+SAMPLED = {
+    "medusa-sampled": lambda directory, target: medusa(directory, 16, VOCAB, sample=True),
+    "eagle": lambda directory, target: eagle(directory, 16, VOCAB),
+    "mtp-sampled": lambda directory, target: mtp(directory, target, sample=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLED))
+def test_sampling_on_a_hybrid_target_is_lossless(tmp_path: Path, name: str) -> None:
     target = tiny_hybrid(vocab_size=VOCAB, hidden=16, head_scale=8.0)
     sampling = Sampling(temperature=1.0)
-    counts, drafted, accepted, deep = sample_counts(target, make(tmp_path, 16, VOCAB), sampling, runs=500)
+    counts, drafted, accepted, deep = sample_counts(target, SAMPLED[name](tmp_path, target), sampling, runs=500)
     assert 0 < accepted < drafted and deep > 0, (drafted, accepted, deep)
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, sampling))
     assert p_value >= ALPHA, f"chi-square p = {p_value:.3g} on the hybrid target"

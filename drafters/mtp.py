@@ -1,0 +1,244 @@
+"""MTP: the target's own multi-token-prediction module, read from the target's checkpoint.
+
+DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.2 Multi-Token Prediction; Gloeckle et al.
+2024, "Better & Faster Large Language Models via Multi-token Prediction".
+At position j a stage reads proj(cat(norm_e(embed(x_{j+1})), norm_h(h_j))) (2H -> H, concat order
+[embedding, hidden]), where h_j is the target's last-layer post-final-norm hidden state and
+`embed` the TARGET's embedding, runs it through decoder layer(s) of the target's own class
+(forced to full attention), and the TARGET's LM head after the stage's final norm gives the
+logits of x_{j+2}. Drafting feeds each stage output back with the drafted token, like EAGLE.
+
+Layouts (in the target's safetensors; transformers drops these keys when it loads the model):
+  qwen (Qwen3-Next, Qwen3.5): `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
+    `mtp.layers.{i}.*` (`mtp_num_hidden_layers`, default 1), `mtp.norm`; Gemma-style norms
+    x * (1 + w); one stage reused at every depth; the fed-back feature is the normed output.
+  deepseek (DeepSeek-V3): `model.layers.{L+i}.{enorm,hnorm,eh_proj,shared_head.norm}` plus that
+    layer's decoder weights, i < `num_nextn_predict_layers`; standard RMSNorm; stage i drafts
+    depth i+1 (the last one beyond); the fed-back feature is the output before shared_head.norm.
+    All stages share one KV cache layer.
+
+State invariant (T = len(ctx.tokens), P = hidden-state rows received and not yet fed): the MTP
+cache holds one entry per REAL pair (x_{j+1}, h_j), j < T - 1 - P, fed through stage 0; drafted
+entries are cropped away at commit (as in `specdec.drafters.eagle`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar, cast
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+from transformers.cache_utils import Cache
+
+from specdec.cache import cache_length, crop_cache
+from specdec.drafters.mtp_head import MtpHead, MtpStage
+from specdec.protocols import DraftContext
+from specdec.sampling import sample
+from specdec.target import CausalLM
+from specdec.types import Draft
+
+__all__ = ["MtpDrafter", "MtpHead", "load_mtp", "mtp_checkpoint_keys"]
+
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_IGNORED = ("embed_tokens.weight", "shared_head.head.weight", "rotary_emb.inv_freq")  # copies, unused
+
+
+def mtp_checkpoint_keys(head: MtpHead) -> dict[str, str]:
+    """head.state_dict() key -> the key the target's checkpoint stores it under."""
+    names = {"emb_norm": "enorm", "hidden_norm": "hnorm", "proj": "eh_proj", "out_norm": "shared_head.norm"}
+    if head.layout == "qwen":
+        names = {"emb_norm": "pre_fc_norm_embedding", "hidden_norm": "pre_fc_norm_hidden", "proj": "fc",
+                 "out_norm": "norm"}
+    keys = {}
+    for key in head.state_dict():
+        _, stage, part, rest = key.split(".", 3)  # stages.{s}.{part}.{rest}
+        if head.layout == "qwen":
+            keys[key] = f"mtp.{names.get(part, part)}.{rest}"
+        elif part == "layers":  # layers.0.* sit directly under model.layers.{L+s}
+            keys[key] = f"model.layers.{head.base_layers + int(stage)}.{rest.split('.', 1)[1]}"
+        else:
+            keys[key] = f"model.layers.{head.base_layers + int(stage)}.{names[part]}.{rest}"
+    return keys
+
+
+def _key_files(path: Path) -> dict[str, Path]:
+    """Every stored key -> the safetensors file holding it (single file or sharded index)."""
+    if (path / INDEX).is_file():
+        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        return {key: path / name for key, name in weight_map.items()}
+    if (path / SAFETENSORS).is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path / SAFETENSORS), framework="pt") as handle:
+            return {key: path / SAFETENSORS for key in handle.keys()}
+    raise FileNotFoundError(f"mtp: {str(path)!r} holds neither {SAFETENSORS} nor {INDEX}; pass the target "
+                            "checkpoint directory (MTP weights are read from its safetensors)")
+
+
+def _read(files: dict[str, Path], keys: list[str]) -> dict[str, torch.Tensor]:
+    """Read only `keys`, opening each shard that holds some of them once."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted({files[key] for key in keys}):
+        with safe_open(str(file), framework="pt") as handle:
+            out.update({key: handle.get_tensor(key) for key in keys if files[key] == file})
+    return out
+
+
+def _fuse_experts(weights: dict[str, torch.Tensor], expected: dict[str, str], files: dict[str, Path]) -> None:
+    """Per-expert `experts.{e}.{gate,up,down}_proj.weight` -> transformers' fused expert tensors."""
+    for stored in expected.values():
+        if stored in weights or not stored.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            continue
+        base = stored.rsplit(".", 1)[0]  # ...mlp.experts
+        count = sum(1 for key in files if key.startswith(base + ".") and key.endswith(".down_proj.weight"))
+        if count == 0:
+            continue
+        names = ["gate_proj", "up_proj"] if stored.endswith("gate_up_proj") else ["down_proj"]
+        parts = _read(files, [f"{base}.{e}.{n}.weight" for e in range(count) for n in names
+                              if f"{base}.{e}.{n}.weight" in files])
+        if len(parts) == count * len(names):
+            weights[stored] = torch.stack([torch.cat([parts[f"{base}.{e}.{n}.weight"] for n in names])
+                                           for e in range(count)])  # (E, out, in)
+
+
+def _layout(files: dict[str, Path], text: PretrainedConfig, where: Path) -> tuple[str, int, tuple[str, ...]]:
+    """(layout, number of stages, key prefixes of the MTP weights) from the stored key names."""
+    base = int(text.num_hidden_layers)
+    if any(key.startswith("mtp.") for key in files):
+        return "qwen", 1, ("mtp.",)
+    if any(key.startswith(f"model.layers.{base}.") for key in files):
+        stages = int(getattr(text, "num_nextn_predict_layers", 0) or 0) or sum(
+            1 for i in range(base, base + 64) if f"model.layers.{i}.eh_proj.weight" in files)
+        return "deepseek", stages, tuple(f"model.layers.{base + i}." for i in range(stages))
+    raise ValueError(f"mtp: {where} holds no MTP weights (neither 'mtp.*' keys nor 'model.layers.{base}.*' "
+                     f"after the {base} main layers); this checkpoint has no multi-token-prediction module")
+
+
+def load_mtp(path: str | Path) -> MtpHead:
+    """Build the MTP head of the target checkpoint at `path` and load its weights."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"mtp: {str(path)!r} is not a model checkpoint (no config.json); pass the "
+                                "target's checkpoint directory")
+    config = AutoConfig.from_pretrained(str(path))
+    text = config.get_text_config()
+    text.architectures = text.architectures or config.architectures
+    files = _key_files(path)
+    where = path / (INDEX if (path / INDEX).is_file() else SAFETENSORS)
+    layout, stages, prefixes = _layout(files, text, where)
+    head = MtpHead(text, layout, stages)
+    head.file = where
+    keys = mtp_checkpoint_keys(head)
+    stored_keys = [key for key in files if key.startswith(prefixes)]
+    wanted = set(keys.values())
+    unexpected = sorted(key for key in stored_keys if key not in wanted and not key.endswith(_IGNORED)
+                        and ".experts." not in key)
+    if unexpected:
+        raise ValueError(f"mtp: {where} holds MTP keys this {layout} layout does not have: {unexpected[:5]}")
+    weights = _read(files, [key for key in wanted if key in files])
+    _fuse_experts(weights, keys, files)
+    expected = head.state_dict()
+    for name, stored in keys.items():
+        shape = tuple(expected[name].shape)
+        if stored not in weights:
+            raise KeyError(f"mtp: {where} lacks {stored!r} (expected shape {shape})")
+        if tuple(weights[stored].shape) != shape:
+            raise ValueError(f"mtp: {files.get(stored, where)}: {stored!r} has shape "
+                             f"{tuple(weights[stored].shape)}, expected {shape} from {path / 'config.json'}")
+    head.to(dtype=weights[keys["stages.0.proj.weight"]].dtype)
+    head.load_state_dict({name: weights[stored] for name, stored in keys.items()})
+    return head.eval()
+
+
+def check_fits(head: MtpHead, lm: CausalLM) -> None:
+    """Raise naming the file, the key and both shapes when the head does not fit the target."""
+    proj = cast(MtpStage, head.stages[0]).proj.weight
+    key = mtp_checkpoint_keys(head)["stages.0.proj.weight"]
+    if tuple(proj.shape) != (lm.hidden_size, 2 * lm.hidden_size):
+        raise ValueError(f"mtp: {head.file}: {key!r} has shape {tuple(proj.shape)} but the target's hidden "
+                         f"states need {(lm.hidden_size, 2 * lm.hidden_size)} (hidden size {lm.hidden_size}); "
+                         "use the checkpoint of this target")
+
+
+class MtpDrafter:
+    """Drafts with the MTP module stored in the target checkpoint at `path`.
+
+    sample=False drafts the argmax (no q); sample=True draws from the processed distribution
+    `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.
+    """
+
+    name: ClassVar[str] = "mtp"
+    uses_hidden_states: ClassVar[bool] = True
+
+    def __init__(self, path: str | Path, sample: bool = False) -> None:
+        self.head = load_mtp(path)
+        self.sample = bool(sample)
+        self.cache: Cache = self.head.new_cache()
+        self._feature: torch.Tensor | None = None  # [1, H] fed-back feature at the last committed position
+        self._logit_input: torch.Tensor | None = None  # [1, H] normed output giving d_1
+        self._real = 0
+
+    @property
+    def cache_length(self) -> int:
+        return cache_length(self.cache)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        check_fits(self.head, ctx.target)
+        self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
+        experts = getattr(ctx.target.config, "_experts_implementation", None)
+        if experts is not None:  # run MoE experts with the target's kernels (float64 needs "eager")
+            self.head.layer_config._experts_implementation = experts
+        self.cache = self.head.new_cache()
+        self._feature = self._logit_input = None
+        self._feed_pending(ctx)
+
+    def _feed_pending(self, ctx: DraftContext) -> None:
+        """Feed the real pairs (x_{j+1}, h_j) not yet in the cache through stage 0."""
+        start, end = self.cache_length, ctx.tokens.shape[0] - 1
+        if end <= start:
+            return
+        states = ctx.hidden_states
+        if states is None or states.shape[0] < end - start:
+            rows = None if states is None else states.shape[0]
+            raise RuntimeError(f"mtp: {end - start} target hidden states needed, got {rows}; the loop must "
+                               "pass uses_hidden_states rows for every processed position")
+        features = states[states.shape[0] - (end - start):]  # (P, H) h_start .. h_{end-1}
+        embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
+        positions = torch.arange(start, end, device=features.device)
+        feature, logit_input = self.head(0, embeds, features, positions, self.cache)
+        self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
+
+    def _draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.sample:
+            return sample(logits, ctx.sampling, ctx.generator)
+        return logits.argmax(dim=-1), None
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._feed_pending(ctx)
+        self._real = self.cache_length
+        if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
+            return Draft(ctx.tokens[:0])
+        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
+        feature, logit_input = self._feature, self._logit_input
+        start = ctx.tokens.shape[0] - 1  # position of the first drafted pair (d_1, feature)
+        drafted: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            token, probs = self._draw(lm_head(logit_input), ctx)  # (1,), (1, V) | None
+            drafted.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < k:  # depth i + 2 uses stage i + 1 (the last beyond)
+                position = torch.tensor([start + i], device=feature.device)
+                feature, logit_input = self.head(i + 1, embed(token), feature, position, self.cache)
+        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        crop_cache(self.cache, min(self._real, self.cache_length))  # drop drafted entries
+        self._feature = self._logit_input = None
+
