@@ -12,6 +12,7 @@ import specdec
 from specdec import Sampling
 from specdec.drafters.eagle import EagleDrafter, save_eagle
 from specdec.drafters.medusa import MedusaDrafter, save_medusa
+from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.mtp import MtpDrafter
 from test_eagle import random_head
 from test_hybrid import float64_kernels, tiny_hybrid  # noqa: F401  (the fixture applies here too)
@@ -56,6 +57,7 @@ def test_greedy_output_on_a_hybrid_target_equals_transformers(tmp_path: Path, na
 
 
 SAMPLED = {
+    "ngram": lambda directory, target: NgramDrafter(max_ngram=3),
     "medusa-sampled": lambda directory, target: medusa(directory, 16, VOCAB, sample=True),
     "eagle": lambda directory, target: eagle(directory, 16, VOCAB),
     "mtp-sampled": lambda directory, target: mtp(directory, target, sample=True),
