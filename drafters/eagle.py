@@ -35,6 +35,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import cache_length, crop_cache, new_cache
+from specdec.drafters.feature_pairs import pending_pairs
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -205,18 +206,10 @@ class EagleDrafter:
 
     def _feed_pending(self, ctx: DraftContext) -> None:
         """Feed the real pairs (x_{j+1}, f_j) not yet in the cache; keep the last predicted feature."""
-        start, end = self.cache_length, ctx.tokens.shape[0] - 1  # positions j in [start, end)
-        if end <= start:
-            return
-        states = ctx.hidden_states
-        if states is None or states.shape[0] < end - start:
-            rows = None if states is None else states.shape[0]
-            raise RuntimeError(f"eagle: {end - start} target hidden states needed, got {rows}; "
-                               "the loop must pass uses_hidden_states rows for every processed position")
-        features = states[states.shape[0] - (end - start):]  # (P, H) f_start .. f_{end-1}
-        embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
-        positions = torch.arange(start, end, device=features.device)
-        self._feature = self.head(embeds, features, positions, self.cache)[-1:]  # (1, H)
+        pairs = pending_pairs(ctx, self.cache_length, "eagle")
+        if pairs is not None:
+            embeds, features, positions = pairs
+            self._feature = self.head(embeds, features, positions, self.cache)[-1:]  # (1, H)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._feed_pending(ctx)

@@ -33,6 +33,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.cache_utils import Cache
 
 from specdec.cache import cache_length, crop_cache
+from specdec.drafters.feature_pairs import pending_pairs
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
@@ -199,19 +200,11 @@ class MtpDrafter:
 
     def _feed_pending(self, ctx: DraftContext) -> None:
         """Feed the real pairs (x_{j+1}, h_j) not yet in the cache through stage 0."""
-        start, end = self.cache_length, ctx.tokens.shape[0] - 1
-        if end <= start:
-            return
-        states = ctx.hidden_states
-        if states is None or states.shape[0] < end - start:
-            rows = None if states is None else states.shape[0]
-            raise RuntimeError(f"mtp: {end - start} target hidden states needed, got {rows}; the loop must "
-                               "pass uses_hidden_states rows for every processed position")
-        features = states[states.shape[0] - (end - start):]  # (P, H) h_start .. h_{end-1}
-        embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
-        positions = torch.arange(start, end, device=features.device)
-        feature, logit_input = self.head(0, embeds, features, positions, self.cache)
-        self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
+        pairs = pending_pairs(ctx, self.cache_length, "mtp")
+        if pairs is not None:
+            embeds, features, positions = pairs
+            feature, logit_input = self.head(0, embeds, features, positions, self.cache)
+            self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
 
     def _draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.sample:

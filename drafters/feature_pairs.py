@@ -1,0 +1,34 @@
+"""The (token, target feature) pairs that feature-level drafters (EAGLE, MTP) feed their caches.
+
+Position j pairs the embedding of x_{j+1} with the target's hidden state f_j. A drafter's cache
+holds the real pairs of positions 0..cached-1; the committed ids give pairs up to T-2, and the
+missing ones' features are the last rows of `ctx.hidden_states`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.protocols import DraftContext
+
+__all__ = ["pending_pairs"]
+
+
+def pending_pairs(ctx: DraftContext, cached: int, drafter: str
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Embeddings [P, H], features [P, H] and positions [P] of the real pairs not yet cached.
+
+    None when every pair is cached. Raises when the loop passed fewer hidden-state rows than
+    pairs are missing (a drafter without `uses_hidden_states = True`).
+    """
+    start, end = cached, ctx.tokens.shape[0] - 1  # positions j in [start, end)
+    if end <= start:
+        return None
+    states = ctx.hidden_states
+    if states is None or states.shape[0] < end - start:
+        rows = None if states is None else states.shape[0]
+        raise RuntimeError(f"{drafter}: {end - start} target hidden states needed, got {rows}; the loop "
+                           "must pass uses_hidden_states rows for every processed position")
+    features = states[states.shape[0] - (end - start) :]  # (P, H) f_start .. f_{end-1}
+    embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
+    return embeds, features, torch.arange(start, end, device=features.device)
