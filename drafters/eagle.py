@@ -24,9 +24,8 @@ forwards of (d_i, f̂) at positions T-1, T, ...; commit crops back to the T - 1 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import torch
 from torch import nn
@@ -36,6 +35,7 @@ from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import cache_length, crop_cache, new_cache
 from specdec.drafters.feature_pairs import pending_pairs
+from specdec.drafters.layers import decoder_layer_classes
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -48,23 +48,6 @@ PICKLE = "pytorch_model.bin"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
 
-def _layer_classes(config: PretrainedConfig) -> tuple[type[nn.Module], type[nn.Module]]:
-    """The decoder-layer and rotary-embedding classes of the architecture the config names."""
-    import transformers
-
-    names = list(getattr(config, "architectures", None) or [])
-    owner: Any = getattr(transformers, names[0], None) if names else None
-    if owner is None:
-        owner = transformers.MODEL_MAPPING[type(config)]
-    module = sys.modules[owner.__module__]
-    prefix = owner.__name__.split("For")[0].removesuffix("Model")
-    layer, rotary = getattr(module, f"{prefix}DecoderLayer", None), getattr(module, f"{prefix}RotaryEmbedding", None)
-    if layer is None or rotary is None:
-        raise ValueError(f"eagle: architecture {owner.__name__} has no {prefix}DecoderLayer / "
-                         f"{prefix}RotaryEmbedding in {module.__name__}; use a Llama-style EAGLE config")
-    return layer, rotary
-
-
 class EagleHead(nn.Module):
     """fc (2H -> H) and one decoder layer without its input norm: (embeddings, features) -> features."""
 
@@ -75,7 +58,7 @@ class EagleHead(nn.Module):
                              f"num_hidden_layers={config.num_hidden_layers}")
         config._attn_implementation = "sdpa"
         self.config = config
-        layer_class, rotary_class = _layer_classes(config)
+        layer_class, rotary_class = decoder_layer_classes(config, "eagle")
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=bool(getattr(config, "bias", True)))
         layer = layer_class(config, 0)

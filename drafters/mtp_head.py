@@ -4,9 +4,8 @@ layer class forced to full attention, final norm), for the layouts `specdec.draf
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -15,27 +14,9 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import new_cache
-from specdec.drafters.eagle import _layer_classes
+from specdec.drafters.layers import decoder_layer_classes
 
 __all__ = ["MtpHead", "MtpStage", "RMSNorm"]
-
-
-def _classes(config: PretrainedConfig) -> tuple[type[nn.Module], type[nn.Module]]:
-    """The target's decoder-layer and rotary classes (Qwen3.5 names its rotary `...TextRotaryEmbedding`)."""
-    try:
-        return _layer_classes(config)
-    except ValueError:
-        import transformers
-
-        names = list(getattr(config, "architectures", None) or [])
-        owner: Any = getattr(transformers, names[0], None) if names else transformers.MODEL_MAPPING[type(config)]
-        module = sys.modules[owner.__module__]
-        prefix = owner.__name__.split("For")[0].removesuffix("Model")
-        layer = getattr(module, f"{prefix}DecoderLayer", None)
-        rotary = getattr(module, f"{prefix}TextRotaryEmbedding", None)
-        if layer is None or rotary is None:
-            raise
-        return layer, rotary
 
 
 class RMSNorm(nn.Module):
@@ -83,7 +64,7 @@ class MtpHead(nn.Module):
                             ("use_sliding_window", False)):
             if hasattr(build, name):
                 setattr(build, name, value)
-        layer_class, rotary_class = _classes(build)
+        layer_class, rotary_class = decoder_layer_classes(build, "mtp")
         hidden, eps = int(config.hidden_size), float(getattr(config, "rms_norm_eps", 1e-6))
         built = []
         for s in range(stages):
