@@ -28,9 +28,9 @@ def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
         path = Path(model)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"draft-model: {str(path)!r} is not a model directory (no config.json)")
-        from transformers import AutoModelForCausalLM
+        from specdec.checkpoints import load_causal_lm
 
-        return AutoModelForCausalLM.from_pretrained(path).eval()
+        return load_causal_lm(path)
     raise TypeError(f"draft-model: model= must be a transformers causal LM or a directory, got {model!r}")
 
 

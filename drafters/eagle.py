@@ -70,15 +70,19 @@ class EagleHead(nn.Module):
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: Cache | None = None) -> torch.Tensor:
-        """embeds, features [n, H], positions [n] (absolute) -> predicted next features [n, H]."""
-        x = self.fc(torch.cat([embeds, features], dim=-1))[None]  # (1, n, H)
+        """embeds, features [n, H] or [B, n, H] (training), positions [n] (absolute) -> predicted next
+        features, shaped like `embeds`."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        single = x.dim() == 2
+        x = x[None] if single else x  # (B, n, H)
         position_ids = positions[None]  # (1, n)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
                                   position_ids=position_ids)
         out = self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
                              use_cache=cache is not None,
                              position_embeddings=self.rotary_emb(x, position_ids=position_ids))
-        return (out[0] if isinstance(out, tuple) else out)[0]  # (n, H)
+        out = out[0] if isinstance(out, tuple) else out  # (B, n, H)
+        return out[0] if single else out
 
     def new_cache(self) -> Cache:
         return new_cache(cast(PreTrainedModel, self))  # only reads .config (a 1-layer layout)

@@ -89,12 +89,15 @@ class MtpHead(nn.Module):
 
     def forward(self, depth: int, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: Cache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """embeds, features [n, H], positions [n] -> (features to feed back [n, H], LM-head inputs [n, H]).
+        """embeds, features [n, H] or [B, n, H] (training), positions [n] -> (features to feed back,
+        LM-head inputs), each shaped like `embeds`.
 
         `depth` (0-based) picks the stage: the last one for depths beyond the stages.
         """
         stage = cast(MtpStage, self.stages[min(depth, len(self.stages) - 1)])
-        x = stage.proj(torch.cat([stage.emb_norm(embeds), stage.hidden_norm(features)], dim=-1))[None]  # (1, n, H)
+        x = stage.proj(torch.cat([stage.emb_norm(embeds), stage.hidden_norm(features)], dim=-1))
+        single = x.dim() == 2
+        x = x[None] if single else x  # (B, n, H)
         position_ids = positions[None]  # (1, n)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
                                   position_ids=position_ids)
@@ -103,8 +106,9 @@ class MtpHead(nn.Module):
             out = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache,
                         use_cache=cache is not None, position_embeddings=rotary)
             x = out[0] if isinstance(out, tuple) else out
-        normed = stage.out_norm(x)[0]  # (n, H)
-        return (normed if stage.feed_back_normed else x[0]), normed
+        normed = stage.out_norm(x)  # (B, n, H)
+        fed_back = normed if stage.feed_back_normed else x
+        return (fed_back[0], normed[0]) if single else (fed_back, normed)
 
     def new_cache(self) -> Cache:
         return new_cache(cast(PreTrainedModel, self))  # only reads .config

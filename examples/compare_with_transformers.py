@@ -9,9 +9,9 @@ Runs are interleaved and repeated; the table gives median seconds and tokens/s p
 the ratio (specdec tokens/s over transformers tokens/s).
 
 Models (nothing is downloaded):
-  --models trained  (default) the byte-level target and draft model that `examples/demo.py`
-                    trains on the standard library's source in about half a minute, with the
-                    demo's held-out prompt: real acceptance, small models (overhead matters).
+  --models zoo      (default) the zoo's target and draft model (`specdec zoo build`, built on
+                    first use; --quick for the small family) and a held-out code prompt: real
+                    acceptance, small models (overhead matters).
   --models random   a random Llama of --hidden/--layers/--vocab; its draft model is its first
                     --draft-layers layers (shared embedding, final norm and LM head), and its
                     later layers are scaled by --refine-scale so they refine rather than
@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 import specdec
 
@@ -58,13 +56,18 @@ def build_models(args: argparse.Namespace) -> tuple[LlamaForCausalLM, LlamaForCa
     return target, draft
 
 
-def trained_models(seed: int) -> tuple[LlamaForCausalLM, LlamaForCausalLM, torch.Tensor]:
-    """The demo's trained byte-level target and draft model, and its held-out prompt."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import demo
+def zoo_models(quick: bool) -> tuple[PreTrainedModel, PreTrainedModel, torch.Tensor]:
+    """The zoo's target and draft model (built on first use), and a held-out code prompt."""
+    from specdec import zoo
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.corpus import stdlib_corpus
+    from specdec.prompts import code_prompts
 
-    target, draft = demo.prepare_models(demo.DEFAULT, seed)
-    return target.eval(), draft.eval(), demo.prompt_ids(demo.DEFAULT.prompt_bytes)
+    directory = zoo.build(zoo.QUICK if quick else zoo.FULL)
+    tokenizer = load_tokenizer(directory / "target")
+    prompt = code_prompts(stdlib_corpus(), per_category=1, categories=("block",))[0]
+    ids = torch.tensor(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
+    return load_causal_lm(directory / "target"), load_causal_lm(directory / "draft-model"), ids
 
 
 def random_prompt(args: argparse.Namespace) -> torch.Tensor:
@@ -96,7 +99,8 @@ def timed(run: Callable[[], list[int]], counter: ForwardCounter) -> tuple[list[i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", choices=("trained", "random"), default="trained")
+    parser.add_argument("--models", choices=("zoo", "random"), default="zoo")
+    parser.add_argument("--quick", action="store_true", help="with --models zoo: the quick family")
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=1)
@@ -111,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
-    if args.models == "trained":
-        target, draft, prompt = trained_models(args.seed)
+    if args.models == "zoo":
+        target, draft, prompt = zoo_models(args.quick)
     else:
         (target, draft), prompt = build_models(args), random_prompt(args)
     target.to(args.device)

@@ -2,6 +2,8 @@
 
     specdec drafters
     specdec generate --target DIR [--drafter NAME[:key=value,...]] [--k 4] "prompt"
+    specdec zoo {build,info,path}            (specdec.cli_zoo)
+    specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
 
 User errors print one line, `specdec: error: ...`, and exit with status 2.
 """
@@ -18,16 +20,15 @@ from typing import Any
 import torch
 
 from specdec import plugins
+from specdec.cli_common import CLIError, one_line
+from specdec.cli_train import add_train_command
+from specdec.cli_zoo import add_zoo_commands
 from specdec.generate import generate
 from specdec.types import Sampling, Stats
 
 __all__ = ["main", "parse_drafter_spec", "parse_value", "stats_line"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 def parse_value(text: str) -> int | float | bool | str:
@@ -68,10 +69,6 @@ def parse_drafter_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
-
-
 def _registry() -> plugins.Registry:
     """The process registry; plugin failures are shown by the commands, not as warnings."""
     with warnings.catch_warnings():
@@ -79,7 +76,7 @@ def _registry() -> plugins.Registry:
         try:
             return plugins.registry()
         except plugins.DuplicateDrafterError as error:
-            raise CLIError(_one_line(error)) from None
+            raise CLIError(one_line(error)) from None
 
 
 def _summary(cls: type) -> str:
@@ -107,14 +104,14 @@ def _make_drafter(spec: str | None) -> Any:
     try:
         name, options = parse_drafter_spec(spec)
     except ValueError as error:
-        raise CLIError(_one_line(error)) from None
+        raise CLIError(one_line(error)) from None
     registry = _registry()
     for failure in registry.failures:
         print(f"specdec: warning: plugin {failure.plugin!r} skipped: {failure.error}", file=sys.stderr)
     try:
         return plugins.make_drafter(name, **options)
     except (ValueError, TypeError, OSError) as error:
-        raise CLIError(_one_line(error)) from None
+        raise CLIError(one_line(error)) from None
 
 
 def _model_directory(directory: str) -> Path:
@@ -128,7 +125,7 @@ def _device(text: str) -> torch.device:
     try:
         device = torch.device(text)
     except RuntimeError as error:
-        raise CLIError(f"--device {text!r} is not a torch device: {_one_line(error)}") from None
+        raise CLIError(f"--device {text!r} is not a torch device: {one_line(error)}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device {text!r} asks for CUDA but torch sees no CUDA device; use --device cpu")
     return device
@@ -136,13 +133,13 @@ def _device(text: str) -> torch.device:
 
 def _load_target(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
     """(tokenizer, model in eval mode) from a local checkpoint directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        tokenizer = load_tokenizer(path)
+        model = load_causal_lm(path, dtype=dtype)
     except (OSError, ValueError, KeyError) as error:
-        raise CLIError(f"cannot load --target {str(path)!r}: {_one_line(error)}") from None
+        raise CLIError(f"cannot load --target {str(path)!r}: {one_line(error)}") from None
     return tokenizer, model.to(device).eval()  # type: ignore[arg-type]
 
 
@@ -168,7 +165,7 @@ def _generate_command(args: argparse.Namespace) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as error:
-        raise CLIError(_one_line(error)) from None
+        raise CLIError(one_line(error)) from None
     for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens)):
         if value < 0:
             raise CLIError(f"{flag} must be >= 0, got {value}")
@@ -183,7 +180,7 @@ def _generate_command(args: argparse.Namespace) -> int:
                           max_new_tokens=args.max_new_tokens, sampling=sampling,
                           eos_token_id=_tokenizer_eos_ids(tokenizer, model) or None, seed=args.seed)
     except ValueError as error:
-        raise CLIError(_one_line(error)) from None
+        raise CLIError(one_line(error)) from None
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))
     print(stats_line(result.stats))
     return 0
@@ -208,6 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="default float32")
     gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
     gen.set_defaults(run=_generate_command)
+    add_zoo_commands(commands)
+    add_train_command(commands)
     return parser
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Sampling", "Draft", "Verdict", "Stats", "Generation"]
+__all__ = ["Sampling", "Draft", "Verdict", "Stats", "Generation", "total_stats"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,21 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def total_stats(runs: Sequence[Stats]) -> Stats:
+    """The counters of several generations added up (per-position counts aligned from position 0)."""
+    width = max((len(r.drafted_per_position) for r in runs), default=0)
+
+    def column(name: str) -> tuple[int, ...]:
+        return tuple(sum(getattr(r, name)[i] for r in runs if i < len(getattr(r, name))) for i in range(width))
+
+    return Stats(
+        steps=sum(r.steps for r in runs), new_tokens=sum(r.new_tokens for r in runs),
+        drafted=sum(r.drafted for r in runs), accepted=sum(r.accepted for r in runs),
+        accepted_per_position=column("accepted_per_position"), drafted_per_position=column("drafted_per_position"),
+        prefill_seconds=sum(r.prefill_seconds for r in runs), draft_seconds=sum(r.draft_seconds for r in runs),
+        verify_seconds=sum(r.verify_seconds for r in runs), wall_seconds=sum(r.wall_seconds for r in runs))
 
 
 @dataclass(frozen=True)

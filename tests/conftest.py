@@ -19,3 +19,15 @@ import torch  # noqa: E402
 
 # Tiny models run fastest on one thread; more threads only contend on small CI machines.
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def quick_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quick zoo family, built once per session into a temporary cache directory."""
+    from specdec import zoo
+
+    return zoo.build(zoo.QUICK, root=tmp_path_factory.mktemp("zoo-cache"), show_progress=False,
+                     log=lambda line: None)

@@ -1,0 +1,112 @@
+"""Training an MTP module (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.2) and writing it
+into a target checkpoint in the Qwen3-Next `mtp.*` layout that `specdec.drafters.mtp` reads.
+
+At position j the module reads (embed(x_{j+1}), h_j) and predicts x_{j+2}. Jointly with the
+target (`specdec.training.target`) it learns the text; after the fact, on a frozen target, it
+learns the target's distribution at j+1 (self-distillation).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.drafters.mtp import MtpHead, mtp_checkpoint_keys
+from specdec.training.eagle import feature_pairs
+from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
+from specdec.training.teacher import TeacherBatch
+
+__all__ = ["MtpStudent", "create_mtp_head", "mtp_hidden", "write_mtp"]
+
+SAFETENSORS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+MTP_SHARD = "model-mtp.safetensors"
+
+
+def create_mtp_head(config: Any, seed: int) -> MtpHead:
+    """One Qwen-layout MTP module for a target with `config`, initialised like transformers' layers."""
+    torch.manual_seed(seed)
+    head = MtpHead(config, "qwen", 1)
+    std = float(getattr(config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for parameter in head.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, std)
+    return head
+
+
+def mtp_hidden(head: MtpHead, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The LM-head inputs [B, n, H] of the module's first stage for pairs (embeds, features) [B, n, H]."""
+    return head(0, embeds, features, positions)[1]
+
+
+class MtpStudent:
+    """An MTP module learning the frozen target's distribution one token further ahead."""
+
+    name = "mtp"
+
+    def __init__(self, head: MtpHead, embed: nn.Module, lm_head: nn.Module, lr: float = 1e-3) -> None:
+        self.module: MtpHead = head.train()
+        self.embed, self.lm_head, self.lr = embed, lm_head, lr
+
+    @classmethod
+    def create(cls, target: Any, seed: int, lr: float = 1e-3) -> MtpStudent:
+        head = create_mtp_head(target.config.get_text_config(), seed)
+        return cls(head, target.get_input_embeddings(), target.get_output_embeddings(), lr)
+
+    def _logits(self, batch: TeacherBatch) -> torch.Tensor:
+        return self.lm_head(mtp_hidden(self.module, *feature_pairs(self.embed, batch)))  # (B, T-1, V)
+
+    def loss(self, batch: TeacherBatch) -> torch.Tensor:
+        return soft_cross_entropy(self._logits(batch), batch.log_probs[:, 1:])
+
+    @torch.no_grad()
+    def evaluate(self, batch: TeacherBatch) -> dict[str, float]:
+        logits = self._logits(batch)
+        return {"loss": next_token_loss(logits[:, :-1], batch.ids[:, 2:]).item(),
+                "agreement": top1_agreement(logits, batch.log_probs[:, 1:])}
+
+
+def write_mtp(head: MtpHead, directory: str | Path) -> None:
+    """Add the module's tensors (`mtp.*`) to the checkpoint in `directory`, in place.
+
+    A single `model.safetensors` is rewritten with them; a sharded checkpoint gets one more
+    shard, `model-mtp.safetensors`, and its index names it. Files are written beside the
+    originals and renamed over them, so an interruption leaves the checkpoint as it was.
+    """
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    if head.layout != "qwen":
+        raise ValueError(f"write_mtp writes the qwen layout, got a {head.layout!r} module")
+    stored = {key: tensor.detach().cpu().contiguous() for key, tensor in head.state_dict().items()}
+    tensors = {mtp_checkpoint_keys(head)[key]: tensor for key, tensor in stored.items()}
+    index, single = directory / INDEX, directory / SAFETENSORS
+    if index.is_file():
+        save_file(tensors, str(directory / (MTP_SHARD + ".tmp")), metadata={"format": "pt"})
+        table = json.loads(index.read_text())
+        table["weight_map"] = {k: v for k, v in table["weight_map"].items() if not k.startswith("mtp.")}
+        table["weight_map"].update({key: MTP_SHARD for key in tensors})
+        (directory / MTP_SHARD).unlink(missing_ok=True)
+        (directory / (MTP_SHARD + ".tmp")).rename(directory / MTP_SHARD)
+        _replace_text(index, json.dumps(table, indent=2, sort_keys=True) + "\n")
+    elif single.is_file():
+        model = {k: v for k, v in load_file(str(single)).items() if not k.startswith("mtp.")}
+        save_file({**model, **tensors}, str(directory / (SAFETENSORS + ".tmp")), metadata={"format": "pt"})
+        (directory / (SAFETENSORS + ".tmp")).replace(single)
+    else:
+        raise FileNotFoundError(f"{directory} holds neither {SAFETENSORS} nor {INDEX}; save the target first")
+    config_file = directory / "config.json"
+    config = json.loads(config_file.read_text())
+    config["mtp_num_hidden_layers"] = len(head.stages[0].layers)  # type: ignore[index, arg-type]
+    _replace_text(config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)

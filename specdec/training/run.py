@@ -1,0 +1,140 @@
+"""`specdec train`: one drafter for any transformers causal LM, from any text files.
+
+The target is frozen; the drafter learns the target's own distributions over the text
+(self-distillation), and the result is measured on held-out files by decoding with it. The
+checkpoint is written in the format its drafter loads, into a staging directory renamed to
+`out` only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
+from specdec.corpus import files_corpus
+from specdec.drafters.eagle import save_eagle
+from specdec.drafters.medusa import save_medusa
+from specdec.plugins import make_drafter
+from specdec.training.data import encode_corpus, evaluation_windows
+from specdec.training.distill import distill, evaluate
+from specdec.training.draft_model import DraftModelStudent, DraftSize
+from specdec.training.eagle import EagleStudent
+from specdec.training.estimate import acceptance_estimate, prompt_windows
+from specdec.training.medusa import MedusaStudent
+from specdec.training.mtp import MtpStudent, write_mtp
+from specdec.training.optim import Steps
+
+__all__ = ["KINDS", "TrainReport", "TrainSettings", "train_drafter"]
+
+KINDS = ("draft-model", "medusa", "eagle", "mtp")
+DEFAULT_LR = {"draft-model": 2e-3, "medusa": 1e-3, "eagle": 1e-3, "mtp": 1e-3}
+REPORT = "specdec_training.json"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What `train_drafter` trains and how; `lr=None` takes the kind's default."""
+
+    steps: Steps
+    draft: DraftSize = field(default_factory=DraftSize)
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+    eval_windows: int = 16
+    eval_prompts: int = 4
+    eval_prompt_tokens: int = 64
+    eval_new_tokens: int = 64
+    k: int = 4
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """Where the drafter went and how it does on held-out text."""
+
+    out: Path
+    heldout: dict[str, float]  # the student's held-out figures (loss, agreement, per depth)
+    mean_accepted_length: float  # greedy, k tokens per draft, on held-out prompts
+    acceptance_rate: float
+    train_tokens: int
+    heldout_tokens: int
+
+
+def _student(kind: str, target: Any, settings: TrainSettings) -> Any:
+    seed, lr = settings.steps.seed, settings.steps.lr
+    if kind == "draft-model":
+        return DraftModelStudent.create(settings.draft, target, seed, lr)
+    if kind == "medusa":
+        return MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
+                                    seed, lr)
+    if kind == "eagle":
+        return EagleStudent.create(target, seed, lr)
+    return MtpStudent.create(target, seed, lr)
+
+
+def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) -> dict[str, Any]:
+    """Write the checkpoint into `out`; returns the make_drafter options that load it."""
+    if kind == "draft-model":
+        with quiet_transformers():
+            student.module.save_pretrained(out)
+        tokenizer.save_pretrained(str(out))
+        return {"model": str(out)}
+    if kind == "medusa":
+        save_medusa(student.module, out)
+        return {"path": str(out)}
+    if kind == "eagle":
+        save_eagle(student.module, out)
+        return {"path": str(out)}
+    shutil.copytree(target_dir, out, dirs_exist_ok=True)  # the MTP module lives in the target's files
+    write_mtp(student.module, out)
+    return {"path": str(out)}
+
+
+def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path], out: str | Path,
+                  settings: TrainSettings, show_progress: bool = True,
+                  log: Callable[[str], None] = print) -> TrainReport:
+    """Train a `kind` drafter for the target at `target_dir` on `data` and save it to `out`.
+
+    Raises ValueError for an unknown kind, FileExistsError when `out` is a non-empty directory.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown drafter kind {kind!r}; choose from {', '.join(KINDS)}")
+    target_dir, out = Path(target_dir), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one")
+    corpus = files_corpus(data)
+    target = load_causal_lm(target_dir).float()
+    tokenizer = load_tokenizer(target_dir)
+    tokens = encode_corpus(tokenizer, corpus, tokenizer.eos_token_id)
+    log(f"data: {tokens.train.shape[0]:,} training tokens from {tokens.train_files} files, "
+        f"{tokens.heldout.shape[0]:,} held-out tokens from {max(1, tokens.heldout_files)} file(s)")
+    student = _student(kind, target, settings)
+    distill(target, [student], tokens.train, settings.steps, show_progress)
+    staging = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        options = _save(kind, student, target_dir, tokenizer, staging)
+        length = min(settings.steps.seq_len, max(8, tokens.heldout.shape[0] // 2))
+        figures = evaluate(target, [student], evaluation_windows(tokens.heldout, length, settings.eval_windows))
+        prompts = prompt_windows(tokens.heldout, settings.eval_prompts,
+                                 min(settings.eval_prompt_tokens, tokens.heldout.shape[0] - 1))
+        stats = acceptance_estimate(target, lambda: make_drafter(kind, **options), prompts, settings.k,
+                                    settings.eval_new_tokens)
+        report = TrainReport(out, figures[student.name], stats.mean_accepted_length, stats.acceptance_rate,
+                             int(tokens.train.shape[0]), int(tokens.heldout.shape[0]))
+        record = {"kind": kind, "target": str(target_dir), "data": [str(p) for p in data],
+                  "settings": asdict(settings), "heldout": report.heldout,
+                  "mean_accepted_length": report.mean_accepted_length, "acceptance_rate": report.acceptance_rate,
+                  "k": settings.k, "train_tokens": report.train_tokens, "heldout_tokens": report.heldout_tokens}
+        (staging / REPORT).write_text(json.dumps(record, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report

@@ -1,0 +1,112 @@
+"""Training a target from scratch: a transformers Qwen3-architecture causal LM, jointly with one
+MTP module (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.2).
+
+The loss is L_main + λ L_MTP, with λ = 0.3 for the first two thirds of the steps and 0.1
+after, the schedule DeepSeek-V3 used. The MTP module reads the target's post-norm hidden state
+and the next token's embedding, shares the target's embedding and LM head, and its gradient
+flows into the target, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from specdec.drafters.mtp import MtpHead
+from specdec.training.data import WindowSampler
+from specdec.training.losses import next_token_loss
+from specdec.training.mtp import mtp_hidden
+from specdec.training.optim import Steps, learning_rate, make_optimizer, progress, set_learning_rate
+
+__all__ = ["TargetSize", "heldout_loss", "mtp_weight", "target_config", "train_target"]
+
+
+@dataclass(frozen=True)
+class TargetSize:
+    """The target's shape."""
+
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int | None = None  # default 3 * hidden
+    max_positions: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "layers", "heads", "kv_heads", "max_positions"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"target {name} must be an int >= 1, got {value!r}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"target hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by "
+                             f"kv_heads ({self.kv_heads})")
+
+
+def target_config(size: TargetSize, vocab_size: int, eos_id: int) -> Qwen3Config:
+    """A Qwen3 config of `size`, tied embeddings, `eos_id` as BOS, EOS and padding."""
+    return Qwen3Config(
+        vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate or 3 * size.hidden,
+        num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
+        head_dim=size.hidden // size.heads, max_position_embeddings=size.max_positions, tie_word_embeddings=True,
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, architectures=["Qwen3ForCausalLM"])
+
+
+def mtp_weight(step: int, steps: int, early: float = 0.3, late: float = 0.1) -> float:
+    """λ: `early` for the first two thirds of training, `late` after."""
+    return early if step < (2 * steps) // 3 else late
+
+
+def _losses(model: Qwen3ForCausalLM, head: MtpHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(main next-token loss, MTP loss on the token after next) for ids [B, T]."""
+    hidden = model.model(input_ids=ids).last_hidden_state  # (B, T, H), post-norm
+    main = next_token_loss(model.lm_head(hidden[:, :-1]), ids[:, 1:])
+    embeds = model.get_input_embeddings()(ids[:, 1:-1])  # x_{j+1} for j = 0..T-3
+    positions = torch.arange(ids.shape[1] - 2, device=ids.device)
+    extra = next_token_loss(model.lm_head(mtp_hidden(head, embeds, hidden[:, :-2], positions)), ids[:, 2:])
+    return main, extra
+
+
+def train_target(model: Qwen3ForCausalLM, head: MtpHead, data: torch.Tensor, settings: Steps,
+                 show_progress: bool = True) -> dict[str, float]:
+    """Train model and MTP module together on windows of `data` [N]; both end in eval mode."""
+    model.train()
+    head.train()
+    sampler = WindowSampler(data, settings.seq_len, settings.seed)
+    parameters = list(model.parameters()) + list(head.parameters())
+    optimizer = make_optimizer(parameters, settings)
+    last: dict[str, float] = {}
+    bar = progress(settings.steps, "training target + MTP", show_progress)
+    try:
+        for step in range(settings.steps):
+            set_learning_rate(optimizer, learning_rate(step, settings.steps, settings.lr, settings.warmup))
+            main, extra = _losses(model, head, sampler(settings.batch))
+            loss = main + mtp_weight(step, settings.steps) * extra
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"target: the loss became {loss.item()} at step {step}; lower the "
+                                         "learning rate")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, settings.clip)
+            optimizer.step()
+            last = {"loss": main.item(), "mtp": extra.item()}
+            bar.set_postfix({name: f"{value:.3f}" for name, value in last.items()}, refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+        model.eval()
+        head.eval()
+    return last
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, windows: torch.Tensor, batch: int = 8) -> float:
+    """Mean next-token cross-entropy (nats/token) of a causal LM over windows [n, T]."""
+    total, count = 0.0, 0
+    for start in range(0, windows.shape[0], batch):
+        ids = windows[start : start + batch]
+        logits = model(input_ids=ids).logits  # (b, T, V)
+        total += next_token_loss(logits[:, :-1], ids[:, 1:]).item() * ids.shape[0]
+        count += ids.shape[0]
+    return total / count

@@ -1,0 +1,161 @@
+"""Building a zoo family from the standard library's source, offline and reproducibly:
+
+1. a byte-level BPE tokenizer on the training files;
+2. the target, a Qwen3-architecture causal LM trained with a joint MTP loss;
+3. a draft model, Medusa heads and an EAGLE-1 head, distilled together from the frozen target;
+4. held-out losses of every piece, and each drafter's acceptance decoding held-out code prompts,
+   with every piece reloaded from the files just written, through its drafter.
+
+Each step is a call into `specdec.training`, the code `specdec train` runs on any target.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Qwen3ForCausalLM
+
+from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
+from specdec.corpus import Corpus, read_text, stdlib_corpus
+from specdec.drafters.eagle import save_eagle
+from specdec.drafters.medusa import save_medusa
+from specdec.plugins import make_drafter
+from specdec.prompts import code_prompts
+from specdec.target import CausalLM
+from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
+from specdec.training.distill import distill, evaluate
+from specdec.training.draft_model import DraftModelStudent
+from specdec.training.eagle import EagleStudent
+from specdec.training.estimate import acceptance_estimate
+from specdec.training.medusa import MedusaStudent
+from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
+from specdec.training.target import heldout_loss, target_config, train_target
+from specdec.training.tokenizer import save_tokenizer, train_tokenizer
+from specdec.zoo.settings import FULL, ZooSettings
+from specdec.zoo.store import MANIFEST, family_dir, staging
+
+__all__ = ["build", "drafter_options"]
+
+LEARNED = ("draft-model", "medusa", "eagle", "mtp")
+
+
+def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
+    """`make_drafter` options of every drafter that serves a built family's target."""
+    return {"ngram": {}, "draft-model": {"model": str(directory / "draft-model")},
+            "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
+            "mtp": {"path": str(directory / "target")}}
+
+
+def build(settings: ZooSettings = FULL, root: str | Path | None = None, show_progress: bool = True,
+          log: Callable[[str], None] | None = None) -> Path:
+    """Build the family unless the cache holds it already; return its directory."""
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    with staging(settings, root) as work:
+        if work is not None:
+            say(f"building the {settings.name} zoo into {family_dir(settings, root)}")
+            _build_into(work, settings, show_progress, say)
+    return family_dir(settings, root)
+
+
+def _parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+
+
+def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Callable[[str], None]) -> None:
+    started = time.perf_counter()
+    corpus = stdlib_corpus()
+    say(f"corpus: {len(corpus.train)} training and {len(corpus.heldout)} held-out files from {corpus.root}")
+    texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
+    say(f"tokenizer: byte-level BPE, {settings.vocab_size} entries")
+    save_tokenizer(train_tokenizer(budgeted_texts(texts, settings.tokenizer_chars), settings.vocab_size),
+                   work / "tokenizer", settings.target.max_positions)
+    tokenizer = load_tokenizer(work / "tokenizer")
+    eos = int(tokenizer.eos_token_id)
+    data = encode_corpus(tokenizer, corpus, eos, settings.train_chars, settings.heldout_chars)
+    say(f"data: {data.train.shape[0]:,} training and {data.heldout.shape[0]:,} held-out tokens")
+
+    torch.manual_seed(settings.seed)
+    target = Qwen3ForCausalLM(target_config(settings.target, settings.vocab_size, eos)).float()
+    mtp_head = create_mtp_head(target.config, settings.seed + 1)
+    train_target(target, mtp_head, data.train, settings.target_steps, show_progress)
+    with quiet_transformers():
+        target.save_pretrained(work / "target")
+    write_mtp(mtp_head, work / "target")
+    tokenizer.save_pretrained(str(work / "target"))
+
+    students: list[Any] = [
+        DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
+        MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
+                             settings.seed + 3, lr=settings.student_steps.lr / 4),
+        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4)]
+    distill(target, students, data.train, settings.student_steps, show_progress)
+    draft, medusa, eagle = students
+    with quiet_transformers():
+        draft.module.save_pretrained(work / "draft-model")
+    tokenizer.save_pretrained(str(work / "draft-model"))
+    save_medusa(medusa.module, work / "medusa")
+    save_eagle(eagle.module, work / "eagle")
+
+    say("evaluating on held-out text")
+    windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
+    mtp = MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())
+    figures = evaluate(target, [*students, mtp], windows)
+    acceptance = _acceptance(work, corpus, tokenizer, settings)
+    pieces: dict[str, dict[str, Any]] = {
+        "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
+        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
+                   "heldout_loss": heldout_loss(target, windows)}}
+    sizes = {"draft-model": _parameters(draft.module), "medusa": _parameters(medusa.module),
+             "eagle": _parameters(eagle.module), "mtp": _parameters(mtp_head)}
+    for name in LEARNED:
+        directory = "target" if name == "mtp" else name
+        pieces[name] = {"path": directory, "parameters": sizes[name],
+                        "bytes": _bytes(work / directory) if name != "mtp" else None,
+                        "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
+    pieces["ngram"] = {"path": None, **acceptance["ngram"]}
+    record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
+              "build_seconds": round(time.perf_counter() - started, 1), "threads": torch.get_num_threads(),
+              "versions": _versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
+                                                  "heldout_files": data.heldout_files,
+                                                  "train_tokens": int(data.train.shape[0]),
+                                                  "heldout_tokens": int(data.heldout.shape[0])},
+              "pieces": pieces}
+    (work / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+    say(f"built in {record['build_seconds']:.0f} s")
+
+
+def _acceptance(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> dict[str, dict[str, Any]]:
+    """Greedy k=4 decoding of held-out code prompts with each drafter loaded from `work`."""
+    target = CausalLM(load_causal_lm(work / "target"))
+    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+               for p in code_prompts(corpus, per_category=settings.eval_prompts)]
+    out = {}
+    for name, options in drafter_options(work).items():
+        stats = acceptance_estimate(target, lambda: make_drafter(name, **options), prompts, k=4,
+                                    max_new_tokens=settings.eval_new_tokens)
+        out[name] = {"mean_accepted_length": round(stats.mean_accepted_length, 3),
+                     "acceptance_rate": round(stats.acceptance_rate, 3), "prompts": len(prompts), "k": 4}
+    return out
+
+
+def _versions() -> dict[str, str]:
+    import tokenizers
+    import transformers
+
+    from specdec import __version__
+
+    return {"specdec": __version__, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+            "machine": platform.machine()}

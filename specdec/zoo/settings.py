@@ -1,0 +1,74 @@
+"""The build settings of a zoo family: what to train, how big and how long. A family's cache
+directory is keyed by these settings, so changing any of them builds a new family."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from specdec.training.draft_model import DraftSize
+from specdec.training.optim import Steps
+from specdec.training.target import TargetSize
+
+__all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
+
+ZOO_FORMAT = 1  # bump when the build changes what the same settings produce
+
+
+@dataclass(frozen=True)
+class ZooSettings:
+    """One family: tokenizer, target (+ MTP), draft model, Medusa heads and an EAGLE head."""
+
+    name: str
+    vocab_size: int
+    tokenizer_chars: int  # training text the tokenizer sees
+    train_chars: int | None  # training text encoded for the models (None: all of it)
+    heldout_chars: int | None
+    target: TargetSize
+    target_steps: Steps
+    draft: DraftSize
+    medusa_heads: int
+    medusa_layers: int
+    student_steps: Steps  # draft model, Medusa and EAGLE train together; the heads at a quarter of its lr
+    eval_windows: int  # held-out windows for the losses
+    eval_prompts: int  # held-out code prompts per category for the acceptance estimate
+    eval_new_tokens: int
+    seed: int = 0
+
+    def key(self) -> str:
+        """12 hex digits of SHA-256 over the settings and the build format."""
+        blob = json.dumps({"format": ZOO_FORMAT, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def directory_name(self) -> str:
+        return f"{self.name}-{self.key()}"
+
+
+FULL = ZooSettings(
+    name="full", vocab_size=2048, tokenizer_chars=3_000_000, train_chars=None, heldout_chars=None,
+    target=TargetSize(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
+    target_steps=Steps(steps=1800, batch=4, seq_len=352, lr=1.5e-2, seed=1),
+    draft=DraftSize(hidden=64, layers=2, heads=4, kv_heads=2),
+    medusa_heads=4, medusa_layers=1,
+    student_steps=Steps(steps=800, batch=4, seq_len=352, lr=1e-2, seed=2),
+    eval_windows=24, eval_prompts=2, eval_new_tokens=64)
+
+QUICK = ZooSettings(
+    name="quick", vocab_size=512, tokenizer_chars=300_000, train_chars=1_000_000, heldout_chars=100_000,
+    target=TargetSize(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=192, max_positions=1024),
+    target_steps=Steps(steps=80, batch=8, seq_len=128, lr=4e-3, seed=1),
+    draft=DraftSize(hidden=32, layers=1, heads=2, kv_heads=1),
+    medusa_heads=3, medusa_layers=1,
+    student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
+    eval_windows=8, eval_prompts=1, eval_new_tokens=24)
+
+_FAMILIES = {"full": FULL, "quick": QUICK}
+
+
+def family(name: str) -> ZooSettings:
+    """The settings of a named family ("full" or "quick")."""
+    if name not in _FAMILIES:
+        raise ValueError(f"unknown zoo family {name!r}; choose from {sorted(_FAMILIES)}")
+    return _FAMILIES[name]
