@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError(f"--k must be >= 1, got {args.k}")
         report = train_drafter(args.kind, args.target, args.data, args.out, settings,
                                show_progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError, OSError) as error:
+    except (ValueError, KeyError, OSError, ArithmeticError) as error:
         raise CLIError(one_line(error)) from None
     figures = ", ".join(f"{key}={value:.3f}" for key, value in report.heldout.items())
     print(f"saved {args.kind} to {report.out}")

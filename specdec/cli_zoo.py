@@ -22,7 +22,10 @@ def _family(args: argparse.Namespace) -> Any:
 def _build(args: argparse.Namespace) -> int:
     from specdec import zoo
 
-    directory = zoo.build(_family(args), root=args.cache_dir, show_progress=not args.no_progress)
+    try:
+        directory = zoo.build(_family(args), root=args.cache_dir, show_progress=not args.no_progress)
+    except (OSError, ArithmeticError) as error:
+        raise CLIError(f"zoo build failed: {one_line(error)}") from None
     print(directory)
     return 0
 
@@ -69,7 +72,8 @@ def _info(args: argparse.Namespace) -> int:
     from specdec import zoo
 
     root = zoo.cache_root(args.cache_dir)
-    found = sorted(p for p in root.glob("*/manifest.json")) if root.is_dir() else []
+    found = sorted(p for p in root.glob("*/manifest.json") if not p.parent.name.startswith(".")) \
+        if root.is_dir() else []
     if not found:
         print(f"no zoo built under {root}; run `specdec zoo build` (or `specdec zoo build --quick`)")
         return 0

@@ -70,7 +70,7 @@ def test_bad_input_is_a_one_line_error(quick_zoo: Path, data_dir: Path, tmp_path
     taken.mkdir()
     (taken / "keep.txt").write_text("someone's file")
     cases = [(["--data", str(data_dir), "--out", str(taken)], "exists and is not an empty directory"),
-             (["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "a")], "missing"),
+             (["--data", str(tmp_path / "missing"), "--out", str(tmp_path / "a")], "does not exist"),
              (["--data", str(data_dir), "--out", str(tmp_path / "b"), "--steps", "0"], "steps must be an int >= 1"),
              (["--data", str(data_dir), "--out", str(tmp_path / "c"), "--k", "0"], "--k must be >= 1")]
     for extra, message in cases:
@@ -82,3 +82,30 @@ def test_bad_input_is_a_one_line_error(quick_zoo: Path, data_dir: Path, tmp_path
                      "--out", str(tmp_path / "d"), "--no-progress"]) == 2
     assert "no config.json" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+@pytest.fixture(scope="module")
+def llama_target(quick_zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with untied embeddings and the quick zoo's tokenizer: not the zoo's architecture."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, eos_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    load_tokenizer(quick_zoo / "tokenizer").save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.parametrize("kind, option", [("draft-model", "model"), ("medusa", "path"), ("eagle", "path"),
+                                          ("mtp", "path")])
+def test_any_causal_lm_can_be_the_target(kind: str, option: str, llama_target: Path, data_dir: Path, tmp_path: Path):
+    out = tmp_path / kind
+    assert cli.main(["train", kind, "--target", str(llama_target), "--data", str(data_dir), "--out", str(out),
+                     *QUICK_ARGS]) == 0
+    model = load_causal_lm(llama_target, dtype=torch.float64)
+    prompt = list(range(5, 25))
+    plain = specdec.generate(model, prompt, max_new_tokens=10).tokens
+    drafter = specdec.make_drafter(kind, **{option: str(out)})
+    assert specdec.generate(model, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=10).tokens == plain

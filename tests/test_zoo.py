@@ -159,6 +159,8 @@ def test_cache_root_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_zoo_info_and_path_commands(quick_zoo: Path, capsys: pytest.CaptureFixture[str]):
     root = str(quick_zoo.parent)
+    assert cli.main(["zoo", "build", "--quick", "--cache-dir", root, "--no-progress"]) == 0  # reused, not rebuilt
+    assert capsys.readouterr().out.strip() == str(quick_zoo)
     assert cli.main(["zoo", "info", "--cache-dir", root]) == 0
     out = capsys.readouterr().out
     assert f"quick zoo ({zoo.QUICK.key()}): {quick_zoo}" in out

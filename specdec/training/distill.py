@@ -41,7 +41,7 @@ def distill(target: PreTrainedModel, students: Sequence[Student], data: torch.Te
                 loss = student.loss(batch)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"{student.name}: the loss became {loss.item()} at step {step}; "
-                                             "lower the learning rate")
+                                             f"lower the learning rate (--lr, now {student.lr})")
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(student.module.parameters(), settings.clip)

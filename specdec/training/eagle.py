@@ -40,7 +40,7 @@ def eagle_config(target_config: Any, hidden: int, vocab: int) -> LlamaConfig:
 def feature_pairs(embed: nn.Module, batch: TeacherBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (x_{j+1}, f_j) pairs of a batch: embeddings, features [B, T-1, H] and positions [T-1]."""
     with torch.no_grad():
-        embeds = embed(batch.ids[:, 1:]).float()
+        embeds = embed(batch.ids[:, 1:])
     positions = torch.arange(batch.ids.shape[1] - 1, device=batch.ids.device)
     return embeds, batch.hidden[:, :-1], positions
 

@@ -91,8 +91,7 @@ def write_mtp(head: MtpHead, directory: str | Path) -> None:
         table = json.loads(index.read_text())
         table["weight_map"] = {k: v for k, v in table["weight_map"].items() if not k.startswith("mtp.")}
         table["weight_map"].update({key: MTP_SHARD for key in tensors})
-        (directory / MTP_SHARD).unlink(missing_ok=True)
-        (directory / (MTP_SHARD + ".tmp")).rename(directory / MTP_SHARD)
+        (directory / (MTP_SHARD + ".tmp")).replace(directory / MTP_SHARD)
         _replace_text(index, json.dumps(table, indent=2, sort_keys=True) + "\n")
     elif single.is_file():
         model = {k: v for k, v in load_file(str(single)).items() if not k.startswith("mtp.")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,17 +112,19 @@ def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path],
     tokens = encode_corpus(tokenizer, corpus, tokenizer.eos_token_id)
     log(f"data: {tokens.train.shape[0]:,} training tokens from {tokens.train_files} files, "
         f"{tokens.heldout.shape[0]:,} held-out tokens from {max(1, tokens.heldout_files)} file(s)")
+    if tokens.heldout.shape[0] < 16:
+        raise ValueError(f"the held-out text has {tokens.heldout.shape[0]} tokens, too few to measure the drafter; "
+                         "pass more data (1/16 of the files are held out)")
+    length = min(settings.steps.seq_len, tokens.heldout.shape[0] // 2)  # held-out windows and prompts fit
+    windows = evaluation_windows(tokens.heldout, length, settings.eval_windows)
+    prompts = prompt_windows(tokens.heldout, settings.eval_prompts, min(settings.eval_prompt_tokens, length))
     student = _student(kind, target, settings)
     distill(target, [student], tokens.train, settings.steps, show_progress)
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         options = _save(kind, student, target_dir, tokenizer, staging)
-        length = min(settings.steps.seq_len, max(8, tokens.heldout.shape[0] // 2))
-        figures = evaluate(target, [student], evaluation_windows(tokens.heldout, length, settings.eval_windows))
-        prompts = prompt_windows(tokens.heldout, settings.eval_prompts,
-                                 min(settings.eval_prompt_tokens, tokens.heldout.shape[0] - 1))
+        figures = evaluate(target, [student], windows)
         stats = acceptance_estimate(target, lambda: make_drafter(kind, **options), prompts, settings.k,
                                     settings.eval_new_tokens)
         report = TrainReport(out, figures[student.name], stats.mean_accepted_length, stats.acceptance_rate,
@@ -132,7 +135,7 @@ def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path],
                   "k": settings.k, "train_tokens": report.train_tokens, "heldout_tokens": report.heldout_tokens}
         (staging / REPORT).write_text(json.dumps(record, indent=2) + "\n")
         if out.exists():
-            out.rmdir()  # empty, checked above
+            out.rmdir()  # empty, checked above; fails if another run filled it meanwhile
         staging.rename(out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

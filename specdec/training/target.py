@@ -85,7 +85,7 @@ def train_target(model: Qwen3ForCausalLM, head: MtpHead, data: torch.Tensor, set
             loss = main + mtp_weight(step, settings.steps) * extra
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"target: the loss became {loss.item()} at step {step}; lower the "
-                                         "learning rate")
+                                         f"learning rate (now {settings.lr})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(parameters, settings.clip)

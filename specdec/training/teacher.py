@@ -29,7 +29,8 @@ class TeacherBatch:
 def teacher_batch(model: PreTrainedModel, ids: torch.Tensor) -> TeacherBatch:
     """One forward of the frozen target over ids [B, T]."""
     out = model(input_ids=ids, output_hidden_states=True)
-    return TeacherBatch(ids, out.hidden_states[-1].float(), F.log_softmax(out.logits.float(), dim=-1))
+    logits = out.logits.to(torch.promote_types(out.logits.dtype, torch.float32))
+    return TeacherBatch(ids, out.hidden_states[-1], F.log_softmax(logits, dim=-1))
 
 
 class Student(Protocol):

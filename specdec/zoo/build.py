@@ -98,7 +98,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     students: list[Any] = [
         DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
         MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
-                             settings.seed + 3, lr=settings.student_steps.lr / 4),
+                             settings.seed + 3, lr=settings.student_steps.lr),
         EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4)]
     distill(target, students, data.train, settings.student_steps, show_progress)
     draft, medusa, eagle = students

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass
 
 from specdec.training.draft_model import DraftSize
@@ -13,7 +14,7 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 1  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 2  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
@@ -30,15 +31,17 @@ class ZooSettings:
     draft: DraftSize
     medusa_heads: int
     medusa_layers: int
-    student_steps: Steps  # draft model, Medusa and EAGLE train together; the heads at a quarter of its lr
+    student_steps: Steps  # draft model, Medusa and EAGLE train together; EAGLE at a quarter of its lr
     eval_windows: int  # held-out windows for the losses
     eval_prompts: int  # held-out code prompts per category for the acceptance estimate
     eval_new_tokens: int
     seed: int = 0
 
     def key(self) -> str:
-        """12 hex digits of SHA-256 over the settings and the build format."""
-        blob = json.dumps({"format": ZOO_FORMAT, **asdict(self)}, sort_keys=True)
+        """12 hex digits of SHA-256 over the settings, the build format and the Python version (whose
+        standard library is the corpus)."""
+        python = "%d.%d" % sys.version_info[:2]
+        blob = json.dumps({"format": ZOO_FORMAT, "python": python, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -49,10 +52,10 @@ class ZooSettings:
 FULL = ZooSettings(
     name="full", vocab_size=2048, tokenizer_chars=3_000_000, train_chars=None, heldout_chars=None,
     target=TargetSize(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
-    target_steps=Steps(steps=1800, batch=4, seq_len=352, lr=1.5e-2, seed=1),
+    target_steps=Steps(steps=1600, batch=4, seq_len=352, lr=1.5e-2, seed=1),
     draft=DraftSize(hidden=64, layers=2, heads=4, kv_heads=2),
-    medusa_heads=4, medusa_layers=1,
-    student_steps=Steps(steps=800, batch=4, seq_len=352, lr=1e-2, seed=2),
+    medusa_heads=3, medusa_layers=1,
+    student_steps=Steps(steps=600, batch=4, seq_len=352, lr=1e-2, seed=2),
     eval_windows=24, eval_prompts=2, eval_new_tokens=64)
 
 QUICK = ZooSettings(

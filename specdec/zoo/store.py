@@ -70,6 +70,9 @@ def staging(settings: ZooSettings, root: str | Path | None = None) -> Iterator[P
     manifest by then); an exception removes it.
     """
     final = family_dir(settings, root)
+    if (final / MANIFEST).is_file():  # finished: no lock needed, so a read-only cache serves too
+        yield None
+        return
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build of the same family waits here
