@@ -38,7 +38,8 @@ class DraftSize:
 
 def draft_config(size: DraftSize, target_config: Any, vocab_size: int) -> Qwen3Config:
     """A Qwen3 config of `size` for the target's vocabulary, special ids and context length."""
-    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions", 2048)
+    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions",
+                                                                                   None) or 2048
     return Qwen3Config(
         vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate or 3 * size.hidden,
         num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,

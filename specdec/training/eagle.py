@@ -28,7 +28,8 @@ def eagle_config(target_config: Any, hidden: int, vocab: int) -> LlamaConfig:
     """A one-layer Llama config shaped like the target's layers where the target says how."""
     heads = int(getattr(target_config, "num_attention_heads", 0) or max(1, hidden // 64))
     head_dim = int(getattr(target_config, "head_dim", 0) or hidden // heads)
-    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions", 2048)
+    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions",
+                                                                                   None) or 2048
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
         num_key_value_heads=int(getattr(target_config, "num_key_value_heads", 0) or heads), head_dim=head_dim,

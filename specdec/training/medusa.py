@@ -10,6 +10,8 @@ a copy of the target's LM head and its residual blocks at zero, so training star
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -34,7 +36,7 @@ class MedusaStudent:
     @classmethod
     def create(cls, num_heads: int, num_layers: int, lm_head: nn.Module, seed: int, lr: float = 1e-3
                ) -> MedusaStudent:
-        weight = lm_head.weight.detach()  # (V, H)
+        weight = cast(torch.Tensor, lm_head.weight).detach()  # (V, H)
         torch.manual_seed(seed)
         heads = MedusaHeads(num_heads, num_layers, int(weight.shape[1]), int(weight.shape[0]))
         with torch.no_grad():
