@@ -4,6 +4,7 @@
     specdec generate --target DIR [--drafter NAME[:key=value,...]] [--k 4] "prompt"
     specdec zoo {build,info,path}            (specdec.cli_zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
+    specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
 
 User errors print one line, `specdec: error: ...`, and exit with status 2.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from specdec import plugins
+from specdec.cli_bench import add_bench_command
 from specdec.cli_common import CLIError, one_line
 from specdec.cli_train import add_train_command
 from specdec.cli_zoo import add_zoo_commands
@@ -207,6 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_generate_command)
     add_zoo_commands(commands)
     add_train_command(commands)
+    add_bench_command(commands)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""specdec bench: drafters and peers side by side (Spec-Bench protocol)."""

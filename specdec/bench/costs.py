@@ -1,0 +1,52 @@
+"""Forward costs of a target, measured: the time of one forward of n new tokens after a cached
+prefix, T(n), the quantity in the ideal speedup `MAL * T(1) / (T(k+1) + T_draft)` (design §7)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from specdec.target import CausalLM
+
+__all__ = ["forward_costs", "ideal_speedup"]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 7) -> dict[int, float]:
+    """Median seconds of a forward of n tokens after `prefix` [P] is cached, for each n in `sizes`.
+
+    The cache is rolled back after each forward, so every timing sees the same prefix; the
+    forward keeps the logits of all n positions, as a verify forward does.
+    """
+    if prefix.numel() < 1:
+        raise ValueError("forward_costs needs a non-empty prefix")
+    lm.reset()
+    lm.forward(prefix.to(lm.device), keep=1)
+    base = lm.cache_length
+    costs: dict[int, float] = {}
+    for n in sorted(set(sizes)):
+        ids = prefix[-1:].repeat(n).to(lm.device)
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            _synchronize(lm.device)
+            start = time.perf_counter()
+            lm.forward(ids, keep=n)
+            _synchronize(lm.device)
+            times.append(time.perf_counter() - start)
+            lm.rollback(base)
+        costs[n] = statistics.median(times[1:])
+    lm.reset()
+    return costs
+
+
+def ideal_speedup(mean_accepted_length: float, t1: float, t_verify: float, t_draft: float) -> float:
+    """MAL * T(1) / (T(k+1) + T_draft): the speedup if nothing but forwards and drafting cost time."""
+    denominator = t_verify + t_draft
+    return mean_accepted_length * t1 / denominator if denominator > 0 else float("nan")

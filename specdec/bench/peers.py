@@ -1,0 +1,61 @@
+"""transformers' own decoding as rows of the bench: `generate` plain, with prompt lookup
+(`prompt_lookup_num_tokens`) and with an assistant model (constant k, no confidence cut).
+
+transformers reads the assisted-generation schedule from the ASSISTANT's generation_config,
+not from `generate`'s arguments; it is set there, or transformers adapts k on its own.
+Target forwards are counted with a forward hook. transformers' prefill forward emits the first
+token, so a peer's `steps` are all its target forwards (specdec's prefill emits nothing and is
+not a step): the mean accepted length is new tokens per token-emitting forward on both sides.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.checkpoints import quiet_transformers
+from specdec.types import Sampling, Stats
+
+__all__ = ["PEERS", "hf_generate"]
+
+PEERS = ("hf-plain", "hf-prompt-lookup", "hf-assisted")
+
+
+def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int, max_new_tokens: int,
+                sampling: Sampling, assistant: PreTrainedModel | None = None) -> tuple[list[int], Stats]:
+    """One transformers `generate` call: the new tokens and counters (steps = target forwards)."""
+    if peer not in PEERS:
+        raise ValueError(f"unknown transformers peer {peer!r}; choose from {PEERS}")
+    extra: dict[str, Any] = {}
+    if peer == "hf-prompt-lookup":
+        extra = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 3}
+    elif peer == "hf-assisted":
+        if assistant is None:
+            raise ValueError("hf-assisted needs an assistant model (the draft-model drafter's model)")
+        config = assistant.generation_config
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+        config.assistant_confidence_threshold = 0.0
+        extra = {"assistant_model": assistant}
+    if sampling.greedy:
+        extra["do_sample"] = False
+    else:
+        extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
+                     top_p=sampling.top_p)
+    forwards = [0]
+    handle = model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    ids = prompt.to(model.device)[None]
+    try:
+        with quiet_transformers():  # transformers warns about the settings spelled out here
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=None, **extra)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            wall = time.perf_counter() - start
+    finally:
+        handle.remove()
+    tokens = out[0, ids.shape[1]:].tolist()
+    return tokens, Stats(steps=forwards[0], new_tokens=len(tokens), wall_seconds=wall)

@@ -1,0 +1,74 @@
+"""The bench's PNG plots (matplotlib, no display needed): speedup per contender with its ideal
+beside it, acceptance per draft position, and mean accepted length against k."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_plots"]
+
+
+def _all(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["category"] == "all"]
+
+
+def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path]:
+    """Write the plots into `directory`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = _all(records)
+    written = []
+
+    figure, axes = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    xs = list(range(len(rows)))
+    measured = [r["speedup"]["mean"] or 0 for r in rows]
+    errors = [r["speedup"]["std"] or 0 for r in rows]
+    ideal = [r["ideal_speedup"]["mean"] or 0 for r in rows]
+    axes.bar([x - 0.2 for x in xs], measured, 0.4, yerr=errors, label="measured", color="#3b6ea5")
+    axes.bar([x + 0.2 for x in xs], ideal, 0.4, label="ideal: MAL·T(1)/(T(k+1)+T_draft)", color="#b9c9dd")
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xticks(xs, [f"{r['contender']}" for r in rows], rotation=30, ha="right")
+    axes.set_ylabel("speedup over plain decoding")
+    axes.legend()
+    figure.tight_layout()
+    written.append(directory / "speedup.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        rates = r["acceptance_per_position"]
+        if rates and any(v is not None for v in rates):
+            axes.plot(range(1, len(rates) + 1), [float("nan") if v is None else v for v in rates], marker="o",
+                      label=r["contender"])
+    axes.set_xlabel("draft position")
+    axes.set_ylabel("acceptance (accepted / drafted there)")
+    axes.set_ylim(0, 1)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    written.append(directory / "acceptance_per_position.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    by_drafter: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["drafter"] and isinstance(r["k"], int) and r["peer"] is None:
+            by_drafter.setdefault(r["drafter"], []).append((r["k"], r["mean_accepted_length"]["mean"]))
+    for name, points in sorted(by_drafter.items()):
+        points.sort()
+        axes.plot([k for k, _ in points], [m for _, m in points], marker="o", label=name)
+    axes.set_xlabel("k (draft tokens per step)")
+    axes.set_ylabel("mean accepted length")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    written.append(directory / "mean_accepted_length_vs_k.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+    return written

@@ -1,0 +1,101 @@
+"""Running the bench: every contender on every question turn, repeats interleaved, plain
+decoding of the same target first in each round (its answers are the multi-turn context for
+every contender, so all contenders see identical prompts).
+
+Batch 1, prefill included in the timings, warm-up rounds not recorded: Spec-Bench's protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.adaptive import AdaptiveDraftLength
+from specdec.bench.peers import hf_generate
+from specdec.bench.questions import Question, turn_prompt
+from specdec.generate import generate
+from specdec.plugins import make_drafter
+from specdec.target import CausalLM
+from specdec.types import Sampling, Stats
+
+__all__ = ["AUTO_MAX", "Contender", "Run", "run_bench"]
+
+AUTO_MAX = 12  # the longest draft `k=auto` may grow to
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One row of the bench: a specdec drafter at one k, plain decoding, or a transformers peer."""
+
+    label: str
+    drafter: str | None = None  # registered drafter name; None: plain decoding or a peer
+    options: dict[str, Any] = field(default_factory=dict)
+    k: int | str = 0  # draft length, or "auto"
+    peer: str | None = None  # a transformers peer ("hf-plain", ...)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One contender on one turn of one question in one round."""
+
+    contender: str
+    question: str
+    category: str
+    turn: int
+    repeat: int
+    stats: Stats
+    tokens: list[int]
+    draft_lengths: tuple[int, ...] = ()  # per step, for k=auto
+
+
+def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, max_new_tokens: int,
+             sampling: Sampling, seed: int) -> tuple[list[int], Stats, tuple[int, ...]]:
+    if contender.drafter is None:
+        result = generate(target, prompt, None, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        return result.tokens, result.stats, ()
+    drafter: Any = make_drafter(contender.drafter, **contender.options)
+    k = contender.k
+    if k == "auto":
+        drafter = AdaptiveDraftLength(drafter)
+        k = AUTO_MAX
+    result = generate(target, prompt, drafter, num_draft_tokens=int(k), max_new_tokens=max_new_tokens,
+                      sampling=sampling, seed=seed)
+    return result.tokens, result.stats, tuple(getattr(drafter, "history", ()))
+
+
+def run_bench(model: PreTrainedModel, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+              questions: Sequence[Question], contenders: Sequence[Contender], sampling: Sampling,
+              max_new_tokens: int, repeats: int, warmup: int, seed: int = 0,
+              assistant: PreTrainedModel | None = None, advance: Callable[[], None] = lambda: None) -> list[Run]:
+    """All recorded runs; `advance` is called after each (for a progress bar)."""
+    if not contenders or contenders[0].label != "plain":
+        raise ValueError("the first contender must be plain decoding (the baseline)")
+    target = CausalLM(model)
+    runs: list[Run] = []
+    for round_index in range(-warmup, repeats):
+        for question in questions:
+            answers: list[str] = []
+            for turn in range(len(question.turns)):
+                prompt = torch.tensor(encode(turn_prompt(question.turns, answers, turn)), dtype=torch.long)
+                plain_tokens: list[int] = []
+                for contender in contenders:
+                    run_seed = seed + 1000 * max(round_index, 0) + turn
+                    if contender.peer is not None:
+                        tokens, stats = hf_generate(model, prompt, contender.peer, int(contender.k), max_new_tokens,
+                                                    sampling, assistant)
+                        lengths: tuple[int, ...] = ()
+                    else:
+                        tokens, stats, lengths = _specdec(target, prompt, contender, max_new_tokens, sampling,
+                                                          run_seed)
+                    if contender.label == "plain":
+                        plain_tokens = tokens
+                    if round_index >= 0:
+                        runs.append(Run(contender.label, question.id, question.category, turn, round_index, stats,
+                                        tokens, lengths))
+                    advance()
+                answers.append(decode(plain_tokens))
+    return runs

@@ -1,0 +1,128 @@
+"""One bench session end to end: resolve the target, questions and contenders, run them,
+summarise, and write results.json, results.csv and the plots into the output directory."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.bench.costs import forward_costs
+from specdec.bench.questions import Question, from_prompts, load_questions
+from specdec.bench.report import SCHEMA, csv_text, summarize
+from specdec.bench.runner import AUTO_MAX, Contender, run_bench
+from specdec.types import Sampling
+
+__all__ = ["BenchConfig", "contenders_for", "run_session"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `specdec bench` runs. Empty `drafters` means every drafter that serves the target."""
+
+    target: Path
+    drafters: tuple[tuple[str, dict[str, Any]], ...]
+    ks: tuple[int | str, ...] = (4,)
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 128
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+    peers: bool = True
+    prompts: Path | None = None  # a Spec-Bench question.jsonl; None: held-out code prompts
+    prompts_per_category: int = 2
+
+
+def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool
+                   ) -> list[Contender]:
+    """Plain decoding, each drafter at each k (a drafter's own `k` option wins), then the peers."""
+    out = [Contender("plain")]
+    for name, options in drafters:
+        own = dict(options)
+        values: Sequence[int | str] = [own.pop("k")] if "k" in own else ks
+        for k in values:
+            out.append(Contender(f"{name}:k={k}" if len(ks) > 1 or k == "auto" else name, name, own, k))
+    if peers:
+        int_ks = [k for k in ks if isinstance(k, int)] or [4]
+        out.append(Contender("hf-plain", peer="hf-plain", k=0))
+        for k in int_ks:
+            suffix = f":k={k}" if len(int_ks) > 1 else ""
+            out.append(Contender(f"hf-prompt-lookup{suffix}", peer="hf-prompt-lookup", k=k))
+            if any(name == "draft-model" for name, _ in drafters):
+                out.append(Contender(f"hf-assisted{suffix}", peer="hf-assisted", k=k))
+    return out
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    from specdec import __version__
+
+    return {"specdec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    import os
+
+    machine = {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+               "torch_threads": torch.get_num_threads(), "device": str(device)}
+    if device.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(device)
+    return machine
+
+
+def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
+                advance_factory: Callable[[int], Callable[[], None]] = lambda total: (lambda: None)
+                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the bench and write its files into `out`; returns (records, the JSON document)."""
+    from specdec.corpus import stdlib_corpus
+    from specdec.prompts import code_prompts
+
+    questions: tuple[Question, ...] = (load_questions(config.prompts) if config.prompts is not None else
+                                       from_prompts(code_prompts(stdlib_corpus(),
+                                                                 per_category=config.prompts_per_category)))
+    contenders = contenders_for(config.drafters, config.ks, config.peers)
+    assistant = None
+    for contender in contenders:
+        if contender.drafter == "draft-model" and config.peers:
+            from specdec.checkpoints import load_causal_lm
+
+            source = contender.options.get("model")
+            assistant = load_causal_lm(source).to(model.device) if isinstance(source, (str, Path)) else source
+            break
+    turns = sum(len(q.turns) for q in questions)
+    advance = advance_factory((config.warmup + config.repeats) * turns * len(contenders))
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    runs = run_bench(model, encode, decode, questions, contenders, config.sampling, config.max_new_tokens,
+                     config.repeats, config.warmup, config.seed, assistant, advance)
+    from specdec.target import CausalLM
+
+    sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
+    sizes += list(range(2, AUTO_MAX + 2)) if any(c.k == "auto" for c in contenders) else []
+    prefix = torch.tensor(encode(questions[0].turns[0]), dtype=torch.long)
+    costs = forward_costs(CausalLM(model), prefix, sizes)
+    records = summarize(runs, contenders, costs, config.sampling.greedy)
+    document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": _versions(),
+                "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
+                             "target": str(config.target), "prompts": None if config.prompts is None
+                             else str(config.prompts), "sampling": asdict(config.sampling),
+                             "drafters": [[name, {k: str(v) for k, v in options.items()}]
+                                          for name, options in config.drafters],
+                             "questions": len(questions), "turns": turns},
+                "forward_costs": {str(n): seconds for n, seconds in costs.items()}, "records": records}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    (out / "results.csv").write_text(csv_text(records))
+    return records, document

@@ -1,0 +1,150 @@
+"""`specdec bench`: drafters, and transformers' own decoding, side by side on one target.
+
+    specdec bench                                   # the zoo, every drafter, held-out code prompts
+    specdec bench --target DIR --drafter ngram --drafter draft-model:model=SMALL --k 2 4 8
+    specdec bench --prompts question.jsonl --k auto --temperature 0.7 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from specdec.cli_common import CLIError, one_line
+
+__all__ = ["add_bench_command", "parse_k"]
+
+
+def parse_k(text: str) -> int | str:
+    """A `--k` value: a positive int or "auto"."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes positive ints or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--k takes positive ints or 'auto', got {value}")
+    return value
+
+
+def _default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """Every registered drafter that can serve the target, and a line for each that cannot."""
+    from specdec import plugins
+    from specdec.zoo import drafter_options
+
+    known = drafter_options(zoo_dir) if zoo_dir is not None else {"ngram": {}}
+    chosen, skipped = [], []
+    for name in plugins.drafter_names():
+        options = known.get(name)
+        if options is None:
+            try:
+                plugins.make_drafter(name)
+                options = {}
+            except (TypeError, ValueError, OSError) as error:
+                skipped.append(f"{name} (needs options: {one_line(error)})")
+                continue
+        chosen.append((name, options))
+    return chosen, skipped
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from specdec.bench.plots import write_plots
+    from specdec.bench.report import table
+    from specdec.bench.session import BenchConfig, run_session
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.cli import parse_drafter_spec
+    from specdec.training.optim import progress
+    from specdec.types import Sampling
+
+    try:
+        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        for flag in ("max_new_tokens", "repeats"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        if args.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        zoo_dir = None
+        if args.target is None:
+            from specdec import zoo
+
+            zoo_dir = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
+                                show_progress=not args.no_progress)
+        target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
+        if args.drafter:
+            drafters = [parse_drafter_spec(spec) for spec in args.drafter]
+            for _, options in drafters:
+                if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
+                    raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
+        else:
+            drafters, skipped = _default_drafters(zoo_dir)
+            for line in skipped:
+                print(f"specdec: skipping drafter {line}", file=sys.stderr)
+        config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+                             seed=args.seed, peers=not args.no_peers,
+                             prompts=Path(args.prompts) if args.prompts else None)
+        model, tokenizer = load_causal_lm(target), load_tokenizer(target)
+        bars: list[Any] = []
+
+        def advance_factory(total: int) -> Any:
+            bars.append(progress(total, "bench", not args.no_progress))
+            return lambda: bars[0].update(1)
+
+        try:
+            records, document = run_session(config, Path(args.out), model, tokenizer, advance_factory)
+        finally:
+            for bar in bars:
+                bar.close()
+    except (ValueError, KeyError, OSError, TypeError) as error:
+        raise CLIError(one_line(error)) from None
+    out = Path(args.out)
+    try:
+        plots = write_plots(records, out / "plots")
+    except ImportError:
+        plots = []
+        print("specdec: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
+    settings = document["settings"]
+    print(f"{settings['questions']} questions ({settings['turns']} turns), {config.max_new_tokens} new tokens, "
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, mean±std over "
+          f"{config.repeats} repeats, target {target}")
+    categories = sorted({r["category"] for r in records} - {"all"})
+    print(table(records))
+    if len(categories) > 1:
+        for category in categories:
+            print(f"\n{category}:")
+            print(table(records, category))
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}" + "".join(f", {p}" for p in plots))
+    same = [r for r in records if r["same_as_plain"] is False and r["peer"] is None]
+    if same:
+        print(f"specdec: error: {', '.join(r['contender'] for r in same)} did not reproduce plain greedy decoding",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_bench_command(commands: Any) -> None:
+    """Register `bench` under the top-level subparsers."""
+    bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
+    bench.add_argument("--target", metavar="DIR", default=None, help="model + tokenizer directory (default: the zoo)")
+    bench.add_argument("--quick", action="store_true", help="without --target: the quick zoo")
+    bench.add_argument("--cache-dir", metavar="DIR", default=None, help="zoo cache directory")
+    bench.add_argument("--drafter", action="append", metavar="NAME[:key=value,...]",
+                       help="repeatable; k=N or k=auto sets that drafter's draft length (default: every drafter "
+                            "that serves the target)")
+    bench.add_argument("--prompts", metavar="FILE", help="Spec-Bench question.jsonl (default: held-out code prompts)")
+    bench.add_argument("--k", type=parse_k, nargs="+", default=[4], metavar="K", help="draft lengths or auto "
+                       "(default 4)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--top-k", type=int, default=0)
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
+    bench.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (default 1)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="default ./bench-results")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(run=_bench)

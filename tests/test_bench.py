@@ -1,0 +1,157 @@
+"""`specdec bench` on the quick zoo: a Spec-Bench file with a two-turn question, the JSON
+schema, and figures consistent with the runs they summarise."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec import cli
+from specdec.adaptive import AdaptiveDraftLength
+from specdec.bench.costs import forward_costs, ideal_speedup
+from specdec.bench.questions import load_questions, turn_prompt
+from specdec.bench.report import MEASURES, SCHEMA
+from specdec.bench.session import contenders_for
+from specdec.checkpoints import load_causal_lm, load_tokenizer
+
+K = 3
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def spec_bench_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "question.jsonl"
+    lines = [{"question_id": 1, "category": "coding", "turns": ["def fibonacci(n):\n    ", "def factorial(n):\n"]},
+             {"question_id": "q2", "category": "docs", "turns": ["class Stack:\n    \"\"\"A stack of items."]}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_run(quick_zoo: Path, spec_bench_file: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("bench")
+    code = cli.main(["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--prompts", str(spec_bench_file),
+                     "--k", str(K), "auto", "--repeats", "2", "--warmup", "1", "--max-new-tokens", str(NEW),
+                     "--out", str(out), "--no-progress"])
+    return code, out, json.loads((out / "results.json").read_text())
+
+
+def test_bench_writes_table_json_csv_and_plots(bench_run, capsys: pytest.CaptureFixture[str]):
+    code, out, document = bench_run
+    assert code == 0
+    assert document["schema"] == SCHEMA and document["settings"]["questions"] == 2
+    assert document["settings"]["turns"] == 3 and document["settings"]["ks"] == [K, "auto"]
+    assert {"platform", "cpus", "torch_threads", "device"} <= set(document["machine"])
+    assert {"specdec", "torch", "transformers", "python"} <= set(document["versions"])
+    for name in ("speedup.png", "acceptance_per_position.png", "mean_accepted_length_vs_k.png"):
+        assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == len(document["records"]) and "speedup_mean" in rows[0]
+
+
+def test_records_cover_every_contender_and_category(bench_run):
+    _, _, document = bench_run
+    records = document["records"]
+    labels = [r["contender"] for r in records if r["category"] == "all"]
+    drafters = ["ngram", "draft-model", "medusa", "eagle", "mtp"]
+    assert labels[0] == "plain" and {f"{d}:k={k}" for d in drafters for k in (K, "auto")} <= set(labels)
+    assert {"hf-plain", "hf-prompt-lookup", "hf-assisted"} <= set(labels)
+    assert {r["category"] for r in records} == {"coding", "docs", "all"}
+    for record in records:
+        for measure in MEASURES:
+            assert set(record[measure]) == {"mean", "std"}, (record["contender"], measure)
+
+
+def test_figures_are_consistent_with_the_runs(bench_run):
+    _, _, document = bench_run
+    for r in document["records"]:
+        mal = r["mean_accepted_length"]["mean"]
+        if r["contender"] in ("plain", "hf-plain"):
+            assert mal == pytest.approx(1.0, abs=0.01), r["contender"]
+        if r["drafter"] is not None:
+            k = 12 if r["k"] == "auto" else r["k"]
+            assert 1.0 <= mal <= k + 1, r["contender"]
+            assert 0.0 <= r["acceptance_rate"]["mean"] <= 1.0  # accepted <= drafted
+            assert all(v is None or 0 <= v <= 1 for v in r["acceptance_per_position"])
+            assert r["same_as_plain"] is True, r["contender"]  # greedy: lossless
+            assert r["ideal_speedup"]["mean"] > 0 and 0 <= r["draft_share"]["mean"] <= 1
+            shares = r["draft_share"]["mean"] + r["verify_share"]["mean"]
+            assert shares <= 1.0 + 1e-6
+        assert r["new_tokens"] == NEW * r["runs"], r["contender"]
+        assert r["speedup"]["mean"] > 0
+    auto = [r for r in document["records"] if r["k"] == "auto" and r["category"] == "all"]
+    assert all(1 <= r["mean_draft_length"] <= 12 for r in auto)
+    plain = next(r for r in document["records"] if r["contender"] == "plain" and r["category"] == "all")
+    assert plain["runs"] == 2 * 3  # repeats x turns; the warm-up round is not recorded
+
+
+def test_turns_carry_the_previous_answer():
+    turns = ("first question", "second question")
+    assert turn_prompt(turns, [], 0) == "first question"
+    assert turn_prompt(turns, [" answer one"], 1) == "first question answer one\n\nsecond question"
+
+
+@pytest.mark.parametrize("line, message", [("not json", "is not JSON"), ('{"question_id": 1}', "'turns'"),
+                                           ('{"turns": ["a"]}', "question_id"), ('[1, 2]', "not a JSON object")])
+def test_bad_question_files_name_the_line(tmp_path: Path, line: str, message: str):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 0, "turns": ["ok"]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message) as error:
+        load_questions(path)
+    assert f"{path}:2" in str(error.value) or "question_id" in message
+
+
+def test_duplicate_question_ids_are_refused(tmp_path: Path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["a"]}\n{"question_id": 1, "turns": ["b"]}\n')
+    with pytest.raises(ValueError, match="more than once"):
+        load_questions(path)
+
+
+def test_contenders_put_plain_first_and_honour_a_drafters_own_k():
+    contenders = contenders_for([("ngram", {}), ("eagle", {"path": "x", "k": "auto"})], [2, 4], peers=False)
+    assert [c.label for c in contenders] == ["plain", "ngram:k=2", "ngram:k=4", "eagle:k=auto"]
+    assert contenders[3].options == {"path": "x"} and contenders[3].k == "auto"
+
+
+def test_adaptive_draft_length_follows_the_heuristic_and_stays_lossless(quick_zoo: Path):
+    model = load_causal_lm(quick_zoo / "target", dtype=torch.float64)
+    prompt = load_tokenizer(quick_zoo / "target")("def read(path):\n    ", add_special_tokens=False)["input_ids"]
+    plain = specdec.generate(model, prompt, max_new_tokens=30).tokens
+    drafter = AdaptiveDraftLength(specdec.make_drafter("ngram"), start=2)
+    result = specdec.generate(model, prompt, drafter=drafter, num_draft_tokens=8, max_new_tokens=30)
+    assert result.tokens == plain
+    asked = drafter.requested
+    assert asked[0] == 2 and max(asked) <= 8 and len(set(asked)) > 1
+    for step, (before, after) in enumerate(zip(asked, asked[1:])):
+        proposed = drafter.history[step]
+        if proposed == 0:
+            assert after == before  # nothing drafted: nothing learned
+        else:
+            assert after in (min(8, before + 2), max(1, before - 1)) or after < before  # capped by the budget
+    with pytest.raises(ValueError, match="starting draft length"):
+        AdaptiveDraftLength(specdec.make_drafter("ngram"), start=0)
+
+
+def test_forward_costs_leave_the_cache_empty_and_are_positive(quick_zoo: Path):
+    lm = specdec.CausalLM(load_causal_lm(quick_zoo / "target"))
+    costs = forward_costs(lm, torch.arange(1, 20), [1, 5], repeats=2)
+    assert set(costs) == {1, 5} and all(c > 0 for c in costs.values()) and lm.cache_length == 0
+    assert ideal_speedup(2.0, 1.0, 1.0, 0.0) == 2.0 and ideal_speedup(3.0, 1.0, 1.5, 0.5) == 1.5
+
+
+def test_bad_bench_arguments_are_one_line_errors(quick_zoo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    base = ["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--out", str(tmp_path), "--no-progress"]
+    assert cli.main([*base, "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main([*base, "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err
+    assert cli.main([*base, "--drafter", "ngram:k=0"]) == 2
+    assert "positive int or auto" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([*base, "--k", "zero"])
