@@ -22,7 +22,7 @@ test: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) examples/compare_with_transformers.py
+	$(VENV)/bin/specdec bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

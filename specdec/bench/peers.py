@@ -50,8 +50,9 @@ def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int,
     try:
         with quiet_transformers():  # transformers warns about the settings spelled out here
             start = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 min_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=None, **extra)
+            out = model.generate(  # type: ignore[operator]
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=None, **extra)
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)
             wall = time.perf_counter() - start

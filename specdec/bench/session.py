@@ -111,7 +111,10 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
     sizes += list(range(2, AUTO_MAX + 2)) if any(c.k == "auto" for c in contenders) else []
-    prefix = torch.tensor(encode(questions[0].turns[0]), dtype=torch.long)
+    # T(n) at the mean context length of the runs: the mean prompt plus half the new tokens
+    prompts = [torch.tensor(encode(q.turns[0]), dtype=torch.long) for q in questions]
+    length = int(sum(p.numel() for p in prompts) / len(prompts)) + config.max_new_tokens // 2
+    prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
     costs = forward_costs(CausalLM(model), prefix, sizes)
     records = summarize(runs, contenders, costs, config.sampling.greedy)
     document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": _versions(),
