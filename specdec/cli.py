@@ -5,6 +5,7 @@
     specdec zoo {build,info,path}            (specdec.cli_zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
+    specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli_verify)
 
 User errors print one line, `specdec: error: ...`, and exit with status 2.
 """
@@ -24,6 +25,7 @@ from specdec import plugins
 from specdec.cli_bench import add_bench_command
 from specdec.cli_common import CLIError, one_line
 from specdec.cli_train import add_train_command
+from specdec.cli_verify import add_verify_command
 from specdec.cli_zoo import add_zoo_commands
 from specdec.generate import generate
 from specdec.types import Sampling, Stats
@@ -210,6 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     add_zoo_commands(commands)
     add_train_command(commands)
     add_bench_command(commands)
+    add_verify_command(commands)
     return parser
 
 
