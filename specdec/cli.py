@@ -6,6 +6,7 @@
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
     specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli_verify)
+    specdec trace [--target DIR] [--drafter SPEC] ["prompt"]     (specdec.cli_trace)
 
 User errors print one line, `specdec: error: ...`, and exit with status 2.
 """
@@ -24,6 +25,7 @@ import torch
 from specdec import plugins
 from specdec.cli_bench import add_bench_command
 from specdec.cli_common import CLIError, one_line
+from specdec.cli_trace import add_trace_command
 from specdec.cli_train import add_train_command
 from specdec.cli_verify import add_verify_command
 from specdec.cli_zoo import add_zoo_commands
@@ -180,10 +182,17 @@ def _generate_command(args: argparse.Namespace) -> int:
     if not prompt:
         raise CLIError(f"the prompt {args.prompt!r} tokenises to no tokens; give a non-empty prompt")
     try:
-        result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
-                          max_new_tokens=args.max_new_tokens, sampling=sampling,
-                          eos_token_id=_tokenizer_eos_ids(tokenizer, model) or None, seed=args.seed)
-    except ValueError as error:
+        eos = _tokenizer_eos_ids(tokenizer, model) or None
+        if args.trace or args.show_steps:
+            from specdec.cli_trace import traced_generate
+
+            result = traced_generate(model, tokenizer, prompt, drafter, args.k, args.max_new_tokens, sampling, eos,
+                                     args.seed, args.trace, args.show_steps)
+        else:
+            result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
+                              max_new_tokens=args.max_new_tokens, sampling=sampling, eos_token_id=eos,
+                              seed=args.seed)
+    except (ValueError, OSError) as error:
         raise CLIError(one_line(error)) from None
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))
     print(stats_line(result.stats))
@@ -208,11 +217,14 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="default float32")
     gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    gen.add_argument("--trace", metavar="FILE.html", default=None, help="write every step as a page")
+    gen.add_argument("--show-steps", action="store_true", help="print every step, coloured by verdict")
     gen.set_defaults(run=_generate_command)
     add_zoo_commands(commands)
     add_train_command(commands)
     add_bench_command(commands)
     add_verify_command(commands)
+    add_trace_command(commands)
     return parser
 
 

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import CausalLM
+from specdec.trace import Trace
 from specdec.types import Draft, Generation, Sampling, Stats
 from specdec.verifier import DraftError, validate_draft, verify_chain, verify_greedy
 
@@ -30,11 +31,14 @@ def generate(
     sampling: Sampling = Sampling(),
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
+    trace: Trace | None = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
 
     The output distribution is exactly that of plain sampling with `sampling`; at temperature 0
     the tokens equal plain greedy decoding. The EOS token, when produced, ends `tokens`.
+    `trace`, if given, receives every step's tokens, probabilities, draws and timings
+    (`specdec.trace`); recording costs a softmax per step.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target)
     if not isinstance(sampling, Sampling):
@@ -50,11 +54,12 @@ def generate(
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():
         return _decode(lm, prompt, resolved, num_draft_tokens, max_new_tokens, sampling, stop_ids,
-                       generator)
+                       generator, trace)
 
 
 def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int, max_new_tokens: int,
-            sampling: Sampling, stop_ids: frozenset[int], generator: torch.Generator) -> Generation:
+            sampling: Sampling, stop_ids: frozenset[int], generator: torch.Generator,
+            trace: Trace | None = None) -> Generation:
     start = time.perf_counter()
     name = _drafter_name(drafter)
     wants_hidden = bool(getattr(drafter, "uses_hidden_states", False))
@@ -74,6 +79,8 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
     if drafter is not None and hasattr(drafter, "prefill"):
         drafter.prefill(ctx)
     prefill_seconds = time.perf_counter() - start
+    if trace is not None:
+        trace.prompt, trace.steps, trace.prefill_seconds = prompt.tolist(), [], prefill_seconds
 
     new: list[int] = []
     steps = drafted = accepted = 0
@@ -84,6 +91,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
         budget = max_new_tokens - len(new)
         draft = Draft(empty)
         proposed = propose is not None and budget > 1
+        step_draft = 0.0
         if propose is not None and proposed:
             tick = time.perf_counter()
             draft = propose(ctx, min(k, budget - 1))
@@ -92,7 +100,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
                 raise DraftError(f"drafter {name!r} changed the target's KV cache ({length - 1} -> "
                                  f"{lm.cache_length} positions); drafters must not run ctx.target.forward")
             _synchronize(lm.device)
-            draft_seconds += time.perf_counter() - tick
+            step_draft = time.perf_counter() - tick
         tick = time.perf_counter()
         n = draft.tokens.shape[0]
         tokens[length : length + n] = draft.tokens  # scratch beyond the committed length
@@ -117,11 +125,15 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             accepted_at[i] += 1
         ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size,
                            None if hidden is None else hidden[:m])
-        verify_seconds += time.perf_counter() - tick
+        step_verify = time.perf_counter() - tick
+        verify_seconds += step_verify
         if proposed and commit is not None:
             tick = time.perf_counter()
             commit(ctx, min(verdict.num_accepted, m))
-            draft_seconds += time.perf_counter() - tick
+            step_draft += time.perf_counter() - tick
+        draft_seconds += step_draft
+        if trace is not None:
+            trace.record(draft, logits, sampling, verdict, m, step_draft, step_verify)
         if emitted and emitted[-1] in stop_ids:
             break
 

@@ -62,10 +62,15 @@ class Verdict:
     tokens: LongTensor [num_accepted + 1]: the accepted draft tokens, then the correction
             (after a rejection) or the bonus token (after a full acceptance).
     num_accepted: how many draft tokens were accepted.
+    acceptance: [k] min(1, p/q) of each draft token (greedy: 1.0 where it equals the argmax,
+        else 0.0, up to the first mismatch); None if not computed.
+    uniforms: [k] the uniform draws compared with `acceptance` (None when nothing was drawn).
     """
 
     tokens: torch.Tensor
     num_accepted: int
+    acceptance: torch.Tensor | None = None
+    uniforms: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

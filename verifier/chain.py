@@ -67,7 +67,8 @@ def verify_chain(
         row_q = None if q is None else q[num_accepted]
         next_distribution = residual_distribution(p[num_accepted], row_q, tokens[num_accepted])
     last = torch.multinomial(next_distribution, 1, generator=generator)  # (1,)
-    return Verdict(tokens=torch.cat([tokens[:num_accepted], last]), num_accepted=num_accepted)
+    return Verdict(tokens=torch.cat([tokens[:num_accepted], last]), num_accepted=num_accepted, acceptance=accept,
+                   uniforms=uniforms)
 
 
 def verify_greedy(target_tokens: torch.Tensor, tokens: torch.Tensor) -> Verdict:
@@ -77,5 +78,6 @@ def verify_greedy(target_tokens: torch.Tensor, tokens: torch.Tensor) -> Verdict:
     The correction or bonus is the target's argmax, so the output equals plain greedy decoding.
     """
     k = tokens.shape[0]
-    num_accepted = int((tokens == target_tokens[:k]).cumprod(0).sum()) if k else 0
-    return Verdict(tokens=target_tokens[: num_accepted + 1], num_accepted=num_accepted)
+    matches = tokens == target_tokens[:k]  # (k,)
+    num_accepted = int(matches.cumprod(0).sum()) if k else 0
+    return Verdict(tokens=target_tokens[: num_accepted + 1], num_accepted=num_accepted, acceptance=matches.float())

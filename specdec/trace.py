@@ -1,0 +1,78 @@
+"""A record of every decode step, for learners: which tokens were drafted, what the target
+thought of each (p), what the drafter claimed (q), the acceptance probability min(1, p/q), the
+uniform draw that decided, where the correction or bonus came from, and the time each step's
+drafting and verifying took. `specdec.generate(..., trace=Trace())` fills one.
+
+At temperature 0 the verifier compares with the target's argmax and draws nothing: `p` is then
+the target's probability at temperature 1 (for reading), `accept` is 1 or 0 and `uniform` None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.sampling import probabilities
+from specdec.types import Draft, Sampling, Verdict
+
+__all__ = ["Trace", "TraceStep", "TraceToken"]
+
+
+@dataclass(frozen=True)
+class TraceToken:
+    """One token of a step: `kind` is accepted, rejected (a drafted token the verifier refused),
+    correction (drawn after a rejection) or bonus (drawn after a full acceptance)."""
+
+    token: int
+    kind: str
+    p: float | None = None  # the target's probability of a drafted token
+    q: float | None = None  # the drafter's (1.0 for a deterministic draft)
+    accept: float | None = None  # min(1, p / q)
+    uniform: float | None = None  # the draw compared with `accept` (None at temperature 0)
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One target forward: its tokens in order, and the seconds spent drafting and verifying."""
+
+    tokens: tuple[TraceToken, ...]
+    draft_seconds: float
+    verify_seconds: float
+
+    @property
+    def emitted(self) -> list[int]:
+        return [t.token for t in self.tokens if t.kind != "rejected"]
+
+
+@dataclass
+class Trace:
+    """Filled by `generate`: the prompt ids and one TraceStep per target forward after the prefill."""
+
+    prompt: list[int] = field(default_factory=list)
+    steps: list[TraceStep] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+
+    def record(self, draft: Draft, logits: torch.Tensor, sampling: Sampling, verdict: Verdict, emitted: int,
+               draft_seconds: float, verify_seconds: float) -> None:
+        """Add one step; `emitted` is how many of the verdict's tokens the loop kept (EOS, budget)."""
+        n = int(draft.tokens.shape[0])
+        shown = logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)  # (n+1, V)
+        drafted = draft.tokens.tolist()
+        tokens: list[TraceToken] = []
+        for i in range(min(n, verdict.num_accepted + 1)):
+            p = float(shown[i, drafted[i]])
+            q = 1.0 if draft.probs is None else float(draft.probs[i, drafted[i]])
+            accept = None if verdict.acceptance is None else float(verdict.acceptance[i])
+            uniform = None if verdict.uniforms is None else float(verdict.uniforms[i])
+            kind = "accepted" if i < verdict.num_accepted else "rejected"
+            tokens.append(TraceToken(drafted[i], kind, p, q, accept, uniform))
+        last = int(verdict.tokens[-1])
+        tokens.append(TraceToken(last, "bonus" if verdict.num_accepted == n else "correction",
+                                 float(shown[verdict.num_accepted, last])))
+        kept: list[TraceToken] = []
+        for token in tokens:  # drop what the loop did not emit (past EOS or the budget)
+            if token.kind == "rejected" or sum(t.kind != "rejected" for t in kept) < emitted:
+                kept.append(token)
+        self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds))
+
