@@ -56,14 +56,14 @@ def build_models(args: argparse.Namespace) -> tuple[LlamaForCausalLM, LlamaForCa
     return target, draft
 
 
-def zoo_models(quick: bool) -> tuple[PreTrainedModel, PreTrainedModel, torch.Tensor]:
+def zoo_models(quick: bool, cache_dir: str | None = None) -> tuple[PreTrainedModel, PreTrainedModel, torch.Tensor]:
     """The zoo's target and draft model (built on first use), and a held-out code prompt."""
     from specdec import zoo
     from specdec.checkpoints import load_causal_lm, load_tokenizer
     from specdec.corpus import stdlib_corpus
     from specdec.prompts import code_prompts
 
-    directory = zoo.build(zoo.QUICK if quick else zoo.FULL)
+    directory = zoo.build(zoo.QUICK if quick else zoo.FULL, root=cache_dir)
     tokenizer = load_tokenizer(directory / "target")
     prompt = code_prompts(stdlib_corpus(), per_category=1, categories=("block",))[0]
     ids = torch.tensor(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", choices=("zoo", "random"), default="zoo")
     parser.add_argument("--quick", action="store_true", help="with --models zoo: the quick family")
+    parser.add_argument("--cache-dir", default=None, help="with --models zoo: the zoo cache directory")
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--draft-layers", type=int, default=1)
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     if args.models == "zoo":
-        target, draft, prompt = zoo_models(args.quick)
+        target, draft, prompt = zoo_models(args.quick, args.cache_dir)
     else:
         (target, draft), prompt = build_models(args), random_prompt(args)
     target.to(args.device)

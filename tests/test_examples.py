@@ -1,0 +1,44 @@
+"""Every example in examples/ runs as written, on the quick zoo (demo.py: tests/test_demo.py;
+the plugin package: tests/test_example_plugin.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ELSEWHERE = {"demo.py"}  # run by tests/test_demo.py
+
+
+def _arguments(name: str, cache: str, tmp_path: Path) -> list[str]:
+    quick = ["--quick", "--cache-dir", cache]
+    return {
+        "compare_with_transformers.py": [*quick, "--repeats", "1", "--new-tokens", "8", "--device", "cpu"],
+        "trace_a_run.py": [*quick, "--new-tokens", "8", "--out", str(tmp_path / "trace.html")],
+        "verify_probe.py": quick,
+        "train_a_drafter.py": [*quick, "--steps", "2", "--out", str(tmp_path)],
+    }[name]
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.glob("*.py") if p.name not in ELSEWHERE),
+                         ids=lambda p: p.name)
+def test_example_runs(path: Path, quick_zoo: Path, tmp_path: Path):
+    module = _load(path)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = module.main(_arguments(path.name, str(quick_zoo.parent), tmp_path))
+    assert code in (0, None), buffer.getvalue()
+    assert buffer.getvalue().strip()
