@@ -17,6 +17,7 @@ from specdec.bench.questions import Question, from_prompts, load_questions
 from specdec.bench.report import SCHEMA, csv_text, summarize
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.types import Sampling
+from specdec.versions import software_versions
 
 __all__ = ["BenchConfig", "contenders_for", "run_session"]
 
@@ -56,15 +57,6 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             if any(name == "draft-model" for name, _ in drafters):
                 out.append(Contender(f"hf-assisted{suffix}", peer="hf-assisted", k=k))
     return out
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    from specdec import __version__
-
-    return {"specdec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
 
 
 def _machine(device: torch.device) -> dict[str, Any]:
@@ -117,7 +109,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
     costs = forward_costs(CausalLM(model), prefix, sizes)
     records = summarize(runs, contenders, costs, config.sampling.greedy)
-    document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": _versions(),
+    document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
                              "target": str(config.target), "prompts": None if config.prompts is None
                              else str(config.prompts), "sampling": asdict(config.sampling),

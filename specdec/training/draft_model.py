@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
+from specdec.training.shape import check_shape, context_length, qwen3_config
 from specdec.training.teacher import TeacherBatch
 
 __all__ = ["DraftModelStudent", "DraftSize", "draft_config"]
@@ -27,24 +28,13 @@ class DraftSize:
     intermediate: int | None = None  # default 3 * hidden
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "layers", "heads", "kv_heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"draft model {name} must be an int >= 1, got {value!r}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"draft model hidden ({self.hidden}) must divide by heads ({self.heads}) and heads "
-                             f"by kv_heads ({self.kv_heads})")
+        check_shape("draft model", self)
 
 
 def draft_config(size: DraftSize, target_config: Any, vocab_size: int) -> Qwen3Config:
     """A Qwen3 config of `size` for the target's vocabulary, special ids and context length."""
-    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions",
-                                                                                   None) or 2048
-    return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate or 3 * size.hidden,
-        num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-        head_dim=size.hidden // size.heads, max_position_embeddings=int(positions), tie_word_embeddings=True,
-        bos_token_id=getattr(target_config, "bos_token_id", None),
+    return qwen3_config(
+        size, vocab_size, context_length(target_config), bos_token_id=getattr(target_config, "bos_token_id", None),
         eos_token_id=getattr(target_config, "eos_token_id", None),
         pad_token_id=getattr(target_config, "pad_token_id", None))
 

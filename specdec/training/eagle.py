@@ -19,6 +19,7 @@ from transformers import LlamaConfig
 
 from specdec.drafters.eagle import EagleHead
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
+from specdec.training.shape import context_length
 from specdec.training.teacher import TeacherBatch
 
 __all__ = ["EagleStudent", "eagle_config", "feature_pairs"]
@@ -28,13 +29,11 @@ def eagle_config(target_config: Any, hidden: int, vocab: int) -> LlamaConfig:
     """A one-layer Llama config shaped like the target's layers where the target says how."""
     heads = int(getattr(target_config, "num_attention_heads", 0) or max(1, hidden // 64))
     head_dim = int(getattr(target_config, "head_dim", 0) or hidden // heads)
-    positions = getattr(target_config, "max_position_embeddings", None) or getattr(target_config, "n_positions",
-                                                                                   None) or 2048
     return LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
         num_key_value_heads=int(getattr(target_config, "num_key_value_heads", 0) or heads), head_dim=head_dim,
         intermediate_size=int(getattr(target_config, "intermediate_size", 0) or 4 * hidden),
-        rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)), max_position_embeddings=int(positions),
+        rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)), max_position_embeddings=context_length(target_config),
         architectures=["LlamaForCausalLM"], bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 

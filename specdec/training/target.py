@@ -19,6 +19,7 @@ from specdec.training.data import WindowSampler
 from specdec.training.losses import next_token_loss
 from specdec.training.mtp import mtp_hidden
 from specdec.training.optim import Steps, learning_rate, make_optimizer, progress, set_learning_rate
+from specdec.training.shape import check_shape, qwen3_config
 
 __all__ = ["TargetSize", "heldout_loss", "mtp_weight", "target_config", "train_target"]
 
@@ -35,22 +36,13 @@ class TargetSize:
     max_positions: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "layers", "heads", "kv_heads", "max_positions"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"target {name} must be an int >= 1, got {value!r}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"target hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by "
-                             f"kv_heads ({self.kv_heads})")
+        check_shape("target", self, ("hidden", "layers", "heads", "kv_heads", "max_positions"))
 
 
 def target_config(size: TargetSize, vocab_size: int, eos_id: int) -> Qwen3Config:
     """A Qwen3 config of `size`, tied embeddings, `eos_id` as BOS, EOS and padding."""
-    return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate or 3 * size.hidden,
-        num_hidden_layers=size.layers, num_attention_heads=size.heads, num_key_value_heads=size.kv_heads,
-        head_dim=size.hidden // size.heads, max_position_embeddings=size.max_positions, tie_word_embeddings=True,
-        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, architectures=["Qwen3ForCausalLM"])
+    return qwen3_config(size, vocab_size, size.max_positions, bos_token_id=eos_id, eos_token_id=eos_id,
+                        pad_token_id=eos_id, architectures=["Qwen3ForCausalLM"])
 
 
 def mtp_weight(step: int, steps: int, early: float = 0.3, late: float = 0.1) -> float:

@@ -12,7 +12,6 @@ Each step is a call into `specdec.training`, the code `specdec train` runs on an
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
 from specdec.training.target import heldout_loss, target_config, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
+from specdec.versions import software_versions
 from specdec.zoo.settings import FULL, ZooSettings
 from specdec.zoo.store import MANIFEST, family_dir, staging
 
@@ -127,7 +127,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     pieces["ngram"] = {"path": None, **acceptance["ngram"]}
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
               "build_seconds": round(time.perf_counter() - started, 1), "threads": torch.get_num_threads(),
-              "versions": _versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
+              "versions": software_versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
                                                   "heldout_files": data.heldout_files,
                                                   "train_tokens": int(data.train.shape[0]),
                                                   "heldout_tokens": int(data.heldout.shape[0])},
@@ -148,14 +148,3 @@ def _acceptance(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSetting
         out[name] = {"mean_accepted_length": round(stats.mean_accepted_length, 3),
                      "acceptance_rate": round(stats.acceptance_rate, 3), "prompts": len(prompts), "k": 4}
     return out
-
-
-def _versions() -> dict[str, str]:
-    import tokenizers
-    import transformers
-
-    from specdec import __version__
-
-    return {"specdec": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
-            "machine": platform.machine()}
