@@ -16,10 +16,11 @@ from typing import Any, cast
 import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DynamicLayer,
+                                      LinearAttentionCacheLayerMixin)
 
-__all__ = ["Snapshot", "cache_length", "check_transformers", "crop_cache", "has_recurrent_state", "new_cache",
-           "restore", "snapshot", "uncroppable_layers"]
+__all__ = ["Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions", "has_recurrent_state",
+           "new_cache", "restore", "snapshot", "tree_obstacle", "uncroppable_layers"]
 
 MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
 _STATELESS_LAYER_TYPES = ("moe", "mlp")  # cache layers transformers replaces with dummies
@@ -121,3 +122,43 @@ def restore(cache: Cache, saved: Snapshot) -> None:
             layer.recurrent_states[i].copy_(state)
         elif layer.has_previous_state[i]:
             LinearAttentionCacheLayerMixin.reset(layer)  # the linear part only; the next forward starts afresh
+
+
+_TREE_ATTENTION = ("eager", "sdpa")  # implementations that take a custom 4D additive mask
+
+
+def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
+    """Why `model` cannot verify a token tree in one forward, or None when it can.
+
+    A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
+    can be gathered: full-attention layers only (no sliding window, no recurrent state).
+    """
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    if attention not in _TREE_ATTENTION:
+        return (f"its attention implementation {attention!r} takes no custom 4D mask "
+                f"(load it with attn_implementation='sdpa' or 'eager')")
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            return "it has linear-attention layers, whose recurrent state cannot hold a tree's branches"
+        if type(layer) is not DynamicLayer:
+            return f"its {type(layer).__name__} cache layers cannot gather a tree's accepted path"
+    return None
+
+
+def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
+    """Keep the first `base` positions, then the positions base + rows[0], base + rows[1], ...
+
+    After a tree forward appended n + 1 rows at `base`, this moves the accepted path's keys and
+    values into place (rows ascending) and drops the rest, in every (full-attention) layer.
+    """
+    current = cache_length(cache)
+    if any(not 0 <= row < current - base for row in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"cannot gather rows {rows} after position {base} from a cache of {current} positions")
+    if rows != list(range(len(rows))):
+        source = torch.tensor(rows, dtype=torch.long) + base
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+                index = source.to(layer.keys.device)
+                layer.keys[..., base : base + len(rows), :] = layer.keys[..., index, :]
+                layer.values[..., base : base + len(rows), :] = layer.values[..., index, :]
+    crop_cache(cache, base + len(rows))

@@ -7,6 +7,7 @@ pipeline and one code path for EOS, budgets and statistics.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -16,8 +17,10 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import CausalLM
 from specdec.trace import Trace
-from specdec.types import Draft, Generation, Sampling, Stats
-from specdec.verifier import DraftError, validate_draft, verify_chain, verify_greedy
+from specdec.trees import depths, first_path
+from specdec.types import Draft, Generation, Sampling, Stats, Verdict
+from specdec.verifier import (DraftError, validate_draft, verify_chain, verify_greedy, verify_tree,
+                              verify_tree_greedy)
 
 __all__ = ["generate"]
 
@@ -83,6 +86,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
         trace.prompt, trace.steps, trace.prefill_seconds = prompt.tolist(), [], prefill_seconds
 
     new: list[int] = []
+    warned = False  # the tree fallback's warning, once per call
     steps = drafted = accepted = 0
     drafted_at = [0] * k
     accepted_at = [0] * k
@@ -92,39 +96,69 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
         draft = Draft(empty)
         proposed = propose is not None and budget > 1
         step_draft = 0.0
+        parents: list[int] | None = None
+        nodes: list[int] | None = None  # draft node of each chain position after a tree fallback
         if propose is not None and proposed:
             tick = time.perf_counter()
             draft = propose(ctx, min(k, budget - 1))
-            validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)
+            parents = validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)
             if lm.cache_length != length - 1:
                 raise DraftError(f"drafter {name!r} changed the target's KV cache ({length - 1} -> "
                                  f"{lm.cache_length} positions); drafters must not run ctx.target.forward")
+            if parents is not None and lm.tree_obstacle is not None:
+                if not warned:
+                    warnings.warn(f"specdec: {type(lm.model).__name__} cannot verify token trees: "
+                                  f"{lm.tree_obstacle}; the trees of drafter {name!r} are verified as "
+                                  "chains (each tree's first-child path)", stacklevel=3)
+                    warned = True
+                nodes = first_path(parents)
+                draft = Draft(draft.tokens[nodes], None if draft.probs is None else draft.probs[nodes])
+                parents = None
             _synchronize(lm.device)
             step_draft = time.perf_counter() - tick
         tick = time.perf_counter()
         n = draft.tokens.shape[0]
-        tokens[length : length + n] = draft.tokens  # scratch beyond the committed length
-        logits, hidden = lm.forward(tokens[length - 1 : length + n], keep=n + 1, hidden=wants_hidden)
-        if sampling.greedy:
-            verdict = verify_greedy(logits.argmax(dim=-1), draft.tokens)
+        verdict: Verdict
+        if parents is None:
+            tokens[length : length + n] = draft.tokens  # scratch beyond the committed length
+            logits, hidden = lm.forward(tokens[length - 1 : length + n], keep=n + 1, hidden=wants_hidden)
+            if sampling.greedy:
+                verdict = verify_greedy(logits.argmax(dim=-1), draft.tokens)
+            else:
+                verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
         else:
-            verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+            logits, hidden = lm.forward_tree(torch.cat([tokens[length - 1 : length], draft.tokens]), parents,
+                                             hidden=wants_hidden)
+            if sampling.greedy:
+                verdict = verify_tree_greedy(logits.argmax(dim=-1), draft.tokens, parents)
+            else:
+                verdict = verify_tree(probabilities(logits, sampling), draft.tokens, parents, draft.probs, generator)
         emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
         m = len(emitted)
         tokens[length + verdict.num_accepted : length + m] = verdict.tokens[verdict.num_accepted : m]
+        if parents is None:
+            lm.rollback(length + m - 1)
+        else:
+            tokens[length : length + m] = verdict.tokens[:m]
+            rows = [0] + [node + 1 for node in verdict.accepted_nodes][: m - 1]  # root, then the path
+            lm.keep_path(length - 1, rows)
+            hidden = None if hidden is None else hidden[rows]
         length += m
-        lm.rollback(length - 1)
         new.extend(emitted)
 
         steps += 1
         drafted += n
         accepted += verdict.num_accepted
-        for i in range(n):
+        reached = max(depths(parents), default=0) if parents is not None else n
+        for i in range(reached):
             drafted_at[i] += 1
         for i in range(verdict.num_accepted):
             accepted_at[i] += 1
+        committed = verdict.accepted_nodes[: min(verdict.num_accepted, m)]
+        if nodes is not None:
+            committed = tuple(nodes[i] for i in committed)
         ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size,
-                           None if hidden is None else hidden[:m])
+                           None if hidden is None else hidden[:m], committed)
         step_verify = time.perf_counter() - tick
         verify_seconds += step_verify
         if proposed and commit is not None:
@@ -133,7 +167,7 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             step_draft += time.perf_counter() - tick
         draft_seconds += step_draft
         if trace is not None:
-            trace.record(draft, logits, sampling, verdict, m, step_draft, step_verify)
+            trace.record(draft, logits, sampling, verdict, m, step_draft, step_verify, parents)
         if emitted and emitted[-1] in stop_ids:
             break
 

@@ -29,6 +29,8 @@ class DraftContext:
         of the n positions it processed since the previous step, i.e. tokens[-n-1:-1]; None
         unless the drafter sets `uses_hidden_states = True`. The same value is passed to
         `commit` and to the next `propose`.
+    accepted: the indices, in the previous draft, of its nodes that were just committed, root
+        side first (for a chain 0..num_accepted-1); a tree drafter reads its path here.
     """
 
     tokens: torch.Tensor
@@ -37,6 +39,7 @@ class DraftContext:
     target: CausalLM
     vocab_size: int
     hidden_states: torch.Tensor | None = None
+    accepted: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -47,9 +50,12 @@ class Drafter(Protocol):
     Optional methods, called when present:
       prefill(ctx) -> None: after the target's prefill, once per generation; reset own state.
       commit(ctx, num_accepted) -> None: after each verify; `num_accepted` of the last draft's
-          tokens are now committed (ctx.tokens has the new sequence); roll back own state.
+          tokens are now committed (ctx.tokens has the new sequence, ctx.accepted which nodes
+          of a tree); roll back own state.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
 
+    A draft with `parents` is a tree whose depth is at most k (`specdec.types.Draft`); targets
+    that cannot run a tree forward verify its first-child path instead, with a warning.
     A draft with `probs` promises its tokens were drawn from exactly those rows, after the
     same sampling pipeline (`specdec.sampling.probabilities(logits, ctx.sampling)`).
     """

@@ -15,8 +15,9 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from specdec.cache import (Snapshot, cache_length, check_transformers, crop_cache, has_recurrent_state, new_cache,
-                           restore, snapshot, uncroppable_layers)
+from specdec.cache import (Snapshot, cache_length, check_transformers, crop_cache, gather_positions,
+                           has_recurrent_state, new_cache, restore, snapshot, tree_obstacle, uncroppable_layers)
+from specdec.trees import ancestor_mask, depths
 
 __all__ = ["CausalLM"]
 
@@ -62,6 +63,7 @@ class CausalLM:
         self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
         self.cache: Cache | None = None
         self._recurrent = False  # whether rollback needs snapshots (hybrid model)
+        self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
         self._snapshots: list[tuple[Snapshot, torch.Tensor]] = []  # (state before a forward, ids it fed)
 
     @property
@@ -94,6 +96,7 @@ class CausalLM:
         """Drop the cache; the next forward starts at position 0."""
         self.cache = new_cache(self.model)
         self._recurrent = has_recurrent_state(self.cache)
+        self._obstacle = tree_obstacle(self.model, self.cache)
         self._snapshots = []
 
     def forward(
@@ -113,13 +116,58 @@ class CausalLM:
             self._snapshots.append((snapshot(self.cache), input_ids.clone()))
         return self._run(input_ids, keep, hidden)
 
-    def _run(self, input_ids: torch.Tensor, keep: int, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    @property
+    def tree_obstacle(self) -> str | None:
+        """Why this model cannot verify a token tree in one forward (None when it can)."""
+        if self.cache is None:
+            self.reset()
+        return self._obstacle
+
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], hidden: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
+        committed token) then the n nodes, `parents` their parent indices (-1 = the root).
+
+        Each row sees the prefix, its ancestors and itself, at position cached + depth. All n + 1
+        rows are appended to the cache; `keep_path` then keeps the accepted ones. Returns logits
+        [n + 1, V] and, if `hidden`, hidden states [n + 1, H].
+        """
+        base = self.cache_length
+        tree = ancestor_mask(parents, device=self.device)  # (n+1, n+1)
+        visible = torch.cat([tree.new_ones(tree.shape[0], base), tree], dim=1)  # (n+1, base+n+1)
+        positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (n+1,)
+        return self.forward_masked(input_ids, positions, visible, keep=tree.shape[0], hidden=hidden)
+
+    def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, keep: int,
+                       hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
+        where visible[r] [C + m] is True (C = cached positions); the rows are appended to the cache.
+
+        The general form of a tree forward, for drafters that grow a tree level by level in
+        their own cache. Needs `tree_obstacle` to be None.
+        """
+        obstacle = self.tree_obstacle
+        if obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
+        additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        additive.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
+        return self._run(input_ids, keep, hidden, mask=additive[None, None], positions=positions[None])
+
+    def keep_path(self, base: int, rows: list[int]) -> None:
+        """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
+        assert self.cache is not None
+        gather_positions(self.cache, base, rows)
+
+    def _run(self, input_ids: torch.Tensor, keep: int, hidden: bool, mask: torch.Tensor | None = None,
+             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.model(
             input_ids=input_ids.unsqueeze(0),  # (1, n)
             cache=self.cache,
             use_cache=True,
             logits_to_keep=keep,
             output_hidden_states=hidden,
+            attention_mask=mask,  # (1, 1, n, C + n) additive, or None for causal
+            position_ids=positions,  # (1, n) or None for C, C + 1, ...
         )
         logits = out.logits[0]  # (keep, V)
         states = out.hidden_states[-1][0] if hidden else None  # (n, H)

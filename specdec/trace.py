@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.sampling import probabilities
+from specdec.trees import children
 from specdec.types import Draft, Sampling, Verdict
 
 __all__ = ["Trace", "TraceStep", "TraceToken"]
@@ -54,25 +55,51 @@ class Trace:
     prefill_seconds: float = 0.0
 
     def record(self, draft: Draft, logits: torch.Tensor, sampling: Sampling, verdict: Verdict, emitted: int,
-               draft_seconds: float, verify_seconds: float) -> None:
-        """Add one step; `emitted` is how many of the verdict's tokens the loop kept (EOS, budget)."""
+               draft_seconds: float, verify_seconds: float, parents: list[int] | None = None) -> None:
+        """Add one step; `emitted` is how many of the verdict's tokens the loop kept (EOS, budget).
+
+        For a tree (`parents` given) the step lists, level by level, each candidate the verifier
+        tried (the rejected siblings, then the accepted one), with p read at its parent's row.
+        """
         n = int(draft.tokens.shape[0])
         shown = logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)  # (n+1, V)
         drafted = draft.tokens.tolist()
+        tried = _tried(parents, verdict) if parents is not None else [
+            (i, i, "accepted" if i < verdict.num_accepted else "rejected")
+            for i in range(min(n, verdict.num_accepted + 1))]
         tokens: list[TraceToken] = []
-        for i in range(min(n, verdict.num_accepted + 1)):
-            p = float(shown[i, drafted[i]])
-            q = 1.0 if draft.probs is None else float(draft.probs[i, drafted[i]])
-            accept = None if verdict.acceptance is None else float(verdict.acceptance[i])
-            uniform = None if verdict.uniforms is None else float(verdict.uniforms[i])
-            kind = "accepted" if i < verdict.num_accepted else "rejected"
-            tokens.append(TraceToken(drafted[i], kind, p, q, accept, uniform))
+        for j, (node, row, kind) in enumerate(tried):
+            p = float(shown[row, drafted[node]])
+            q = 1.0 if draft.probs is None else float(draft.probs[node, drafted[node]])
+            accept = None if verdict.acceptance is None else float(verdict.acceptance[j])
+            uniform = None if verdict.uniforms is None else float(verdict.uniforms[j])
+            tokens.append(TraceToken(drafted[node], kind, p, q, accept, uniform))
         last = int(verdict.tokens[-1])
-        tokens.append(TraceToken(last, "bonus" if verdict.num_accepted == n else "correction",
-                                 float(shown[verdict.num_accepted, last])))
+        final_row = verdict.accepted_nodes[-1] + 1 if verdict.num_accepted else 0
+        if parents is None:
+            final_row = verdict.num_accepted
+            bonus = verdict.num_accepted == n
+        else:
+            bonus = not children(parents)[final_row]
+        tokens.append(TraceToken(last, "bonus" if bonus else "correction", float(shown[final_row, last])))
         kept: list[TraceToken] = []
         for token in tokens:  # drop what the loop did not emit (past EOS or the budget)
             if token.kind == "rejected" or sum(t.kind != "rejected" for t in kept) < emitted:
                 kept.append(token)
         self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds))
 
+
+
+def _tried(parents: list[int], verdict: Verdict) -> list[tuple[int, int, str]]:
+    """(node, row of p it was checked against, kind) for each tree node the verifier tried, in order:
+    at each accepted row its children up to the accepted one; at the last row all of them."""
+    kids = children(parents)
+    path = verdict.accepted_nodes
+    out: list[tuple[int, int, str]] = []
+    for level, row in enumerate([0] + [node + 1 for node in path]):
+        for child in kids[row]:
+            chosen = level < len(path) and child == path[level]
+            out.append((child, row, "accepted" if chosen else "rejected"))
+            if chosen:
+                break
+    return out

@@ -44,15 +44,26 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Draft:
-    """A chain of proposed tokens and, for sampled drafts, the distributions they came from.
+    """Proposed tokens: a chain, or a tree of candidates verified in one target forward.
 
-    tokens: LongTensor [k'] with 0 <= k' <= k.
-    probs:  FloatTensor [k', V], row i the processed distribution d_i was drawn from;
-            None for deterministic drafts (treated as one-hot q).
+    tokens: LongTensor [n]. For a chain n <= k; for a tree the nodes in topological order
+            (every parent before its children) and the depth at most k.
+    probs:  FloatTensor [n, V], row i the processed distribution node i was drawn from, given
+            its ancestors; None for deterministic candidates (each treated as a one-hot q).
+            Siblings with rows were drawn independently (duplicates allowed); siblings
+            without are distinct deterministic candidates, e.g. a top-k.
+    parents: LongTensor [n] or None. parents[i] is the index of node i's parent, or -1 when
+            it continues the last committed token; None means a chain (parents = i - 1).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether the draft carries parent indices (a chain given as a tree counts)."""
+        return self.parents is not None
 
 
 @dataclass(frozen=True)
@@ -65,12 +76,21 @@ class Verdict:
     acceptance: [k] min(1, p/q) of each draft token (greedy: 1.0 where it equals the argmax,
         else 0.0, up to the first mismatch); None if not computed.
     uniforms: [k] the uniform draws compared with `acceptance` (None when nothing was drawn).
+        For a tree both follow the accepted path: one entry per node tried along it.
+    path: the accepted nodes' indices in the draft, root side first (a chain's are
+        0..num_accepted-1).
     """
 
     tokens: torch.Tensor
     num_accepted: int
     acceptance: torch.Tensor | None = None
     uniforms: torch.Tensor | None = None
+    path: tuple[int, ...] | None = None
+
+    @property
+    def accepted_nodes(self) -> tuple[int, ...]:
+        """Indices of the accepted draft nodes, in order."""
+        return self.path if self.path is not None else tuple(range(self.num_accepted))
 
 
 @dataclass(frozen=True)

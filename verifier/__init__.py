@@ -12,6 +12,9 @@ Sampling"):
   rejection a correction is drawn from ``norm(max(0, p - q))``; after a full acceptance a bonus
   token is drawn from ``p[k]``.
 
+Trees (``specdec.verifier.tree``) generalise the chain: each node is checked against ``p`` at
+its parent's row, siblings in turn against the residual left by the ones before them.
+
 Nothing here calls a model.
 """
 
@@ -23,6 +26,7 @@ from specdec.verifier.chain import (
     verify_chain,
     verify_greedy,
 )
+from specdec.verifier.tree import verify_tree, verify_tree_greedy
 from specdec.verifier.validate import DraftError, validate_draft
 
 __all__ = [
@@ -32,4 +36,6 @@ __all__ = [
     "validate_draft",
     "verify_chain",
     "verify_greedy",
+    "verify_tree",
+    "verify_tree_greedy",
 ]

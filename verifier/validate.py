@@ -22,9 +22,12 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torch.device,
-                   drafter: str) -> None:
-    """Raise DraftError unless `draft` is a Draft of at most `max_tokens` in-vocabulary ids on
-    `device`, with `probs` either None or [k', V] finite, normalised rows giving each token q > 0.
+                   drafter: str) -> list[int] | None:
+    """Raise DraftError unless `draft` is a Draft of in-vocabulary ids on `device`, with `probs`
+    either None or [n, V] finite, normalised rows giving each token q > 0.
+
+    A chain holds at most `max_tokens` ids; a tree (`parents` given) any number of nodes in
+    topological order, at most `max_tokens` deep. Returns the parents as a list (None for a chain).
     """
     if not isinstance(draft, Draft):
         raise _fail(drafter, f"expected a specdec.Draft, got {type(draft).__name__}")
@@ -34,7 +37,8 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
         raise _fail(drafter, f"tokens must be a 1-D LongTensor [k'], got {shape}")
     if tokens.dtype != torch.long:
         raise _fail(drafter, f"tokens must have dtype torch.long, got {tokens.dtype}")
-    if tokens.shape[0] > max_tokens:
+    parents = _tree_parents(draft.parents, tokens.shape[0], max_tokens, drafter)
+    if parents is None and tokens.shape[0] > max_tokens:
         raise _fail(drafter, f"{tokens.shape[0]} tokens proposed but at most k={max_tokens} allowed")
     if tokens.device != device:
         raise _fail(drafter, f"tokens are on {tokens.device}, the target on {device}")
@@ -43,7 +47,7 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
         bad = [t for t in tokens.tolist() if not 0 <= t < vocab_size]
         raise _fail(drafter, f"token id(s) {bad} outside the vocabulary [0, {vocab_size})")
     if probs is None:
-        return
+        return parents
     if not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (k, vocab_size):
         shape = tuple(probs.shape) if isinstance(probs, torch.Tensor) else type(probs).__name__
         raise _fail(drafter, f"probs must have shape [k'={k}, V={vocab_size}], got {shape}")
@@ -52,14 +56,14 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
     if probs.device != device:
         raise _fail(drafter, f"probs are on {probs.device}, the target on {device}")
     if k == 0:
-        return
+        return parents
     tolerance = _tolerance(probs.dtype)
     finite = torch.isfinite(probs).all()
     sums = probs.sum(-1)  # (k,)
     q_d = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (k,)
     ok = finite & (probs >= 0).all() & ((sums - 1).abs() <= tolerance).all() & (q_d > 0).all()
     if bool(ok):
-        return
+        return parents
     if not bool(finite):
         raise _fail(drafter, "probs contain NaN or infinite values")
     if not bool((probs >= 0).all()):
@@ -70,3 +74,24 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
         if q_token <= 0:
             raise _fail(drafter, f"q(d) = 0 at position {i} for drafted token "
                                  f"{int(tokens[i])}: it cannot have been sampled from that q")
+    return parents
+
+
+def _tree_parents(parents: object, n: int, max_depth: int, drafter: str) -> list[int] | None:
+    """The parent list of a tree draft, checked: [n] long, parents[i] in [-1, i), depth <= max_depth."""
+    if parents is None:
+        return None
+    if not isinstance(parents, torch.Tensor) or parents.dim() != 1 or parents.shape[0] != n \
+            or parents.dtype != torch.long:
+        shape = (tuple(parents.shape), parents.dtype) if isinstance(parents, torch.Tensor) else type(parents).__name__
+        raise _fail(drafter, f"parents must be a LongTensor [n={n}] (one parent index per node), got {shape}")
+    listed = parents.tolist()
+    depth: list[int] = []
+    for i, parent in enumerate(listed):
+        if not -1 <= parent < i:
+            raise _fail(drafter, f"parents[{i}] = {parent}: a node's parent must come before it "
+                                 f"(-1 for a child of the last committed token, else an index < {i})")
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    if depth and max(depth) > max_depth:
+        raise _fail(drafter, f"the tree is {max(depth)} tokens deep but at most k={max_depth} allowed")
+    return listed
