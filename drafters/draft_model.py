@@ -8,11 +8,12 @@ report the processed distribution each token was drawn from; greedy drafts are i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import PreTrainedModel
 
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -39,11 +40,21 @@ class DraftModelDrafter:
 
     A model loaded here from a directory follows the target's device and dtype; a model passed
     in must already be on the target's device.
+
+    tree=True drafts EAGLE-2-style dynamic trees (`specdec.drafters.tree_search`): each depth's
+    chosen nodes run in one tree-masked forward of the draft model, and after the verify the
+    keys and values of the accepted path are gathered into place in its cache (they are exact:
+    the draft model saw those very tokens), so nothing is recomputed.
     """
 
     name: ClassVar[str] = "draft-model"
+    tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
 
-    def __init__(self, model: PreTrainedModel | str | Path) -> None:
+    def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
+                 total_tokens: int = 16, depth: int | None = None) -> None:
+        self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth)
+        self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
+        self._kept: list[int] = []  # search id of each node of the last tree draft
         self.lm = CausalLM(_load(model))
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
@@ -66,11 +77,18 @@ class DraftModelDrafter:
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._committed = ctx.tokens.shape[0]
+        self._columns = None
         if self.lm.max_positions is not None:  # a draft model with fewer positions drafts less
             k = min(k, self.lm.max_positions - self._committed)
         if k <= 0:
             return Draft(ctx.tokens[:0])
         pending = ctx.tokens[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
+        if self.tree is not None:
+            obstacle = self.lm.tree_obstacle
+            if obstacle is not None:
+                raise ValueError(f"draft-model: tree=True needs a draft model that can run tree forwards, but "
+                                 f"{type(self.lm.model).__name__} cannot: {obstacle}")
+            return self._propose_tree(ctx, k, pending)
         drafted: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []
         for _ in range(k):
@@ -82,7 +100,37 @@ class DraftModelDrafter:
             pending = token
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
 
+    def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:
+        """Run the pending ids (the cache then holds all T committed ids), then grow the tree,
+        a depth-d node at position T - 1 + d seeing the committed ids and its ancestors."""
+        assert self.tree is not None
+        logits, _ = self.lm.forward(pending, keep=1)  # (1, V)
+        committed = ctx.tokens.shape[0]
+        columns = TreeColumns(committed)
+
+        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
+            tokens = torch.tensor([search.tokens[n] for n in nodes], device=self.lm.device)  # (f,)
+            positions = torch.full((len(nodes),), committed - 1 + search.depths[nodes[0]], device=self.lm.device)
+            visible = columns.visible(search, nodes, self.lm.device)
+            out, _ = self.lm.forward_masked(tokens, positions, visible, keep=len(nodes))
+            return out  # (f, V)
+
+        draft, self._kept = grow_tree(logits[0], expand, self.tree, k, self.lm.device)
+        self._columns = columns
+        return draft
+
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        if self._columns is not None:  # a tree: gather the expanded part of the accepted path
+            columns, base = self._columns, self._committed
+            rows: list[int] = []
+            for node in ctx.accepted:
+                column = columns.column.get(self._kept[node])
+                if column is None:
+                    break
+                rows.append(column - base)
+            self.lm.keep_path(base, rows[: max(0, ctx.tokens.shape[0] - 1 - base)])
+            self._columns = None
+            return
         # The cache holds the C ids committed at propose time, then d_1..d_{k-1}: keep the
         # committed part, never more than all but the newest committed id.
         keep = min(self.lm.cache_length, self._committed + num_accepted, ctx.tokens.shape[0] - 1)

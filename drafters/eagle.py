@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -36,9 +36,11 @@ from transformers.masking_utils import create_causal_mask
 from specdec.cache import cache_length, crop_cache, new_cache
 from specdec.drafters.feature_pairs import pending_pairs
 from specdec.drafters.layers import decoder_layer_classes
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
+from specdec.trees import additive_mask
 from specdec.types import Draft
 
 __all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
@@ -69,15 +71,16 @@ class EagleHead(nn.Module):
         self.embed_shape: tuple[int, ...] | None = None  # of a stored embed_tokens.weight copy
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: Cache | None = None) -> torch.Tensor:
+                cache: Cache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """embeds, features [n, H] or [B, n, H] (training), positions [n] (absolute) -> predicted next
-        features, shaped like `embeds`."""
+        features, shaped like `embeds`. `mask`: an additive [1, 1, n, C + n] tree mask instead of
+        the causal one."""
         x = self.fc(torch.cat([embeds, features], dim=-1))
         single = x.dim() == 2
         x = x[None] if single else x  # (B, n, H)
         position_ids = positions[None]  # (1, n)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=mask, cache=cache,
+                                  position_ids=position_ids)  # a 4D tree mask comes back as it is
         out = self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
                              use_cache=cache is not None,
                              position_embeddings=self.rotary_emb(x, position_ids=position_ids))
@@ -169,12 +172,21 @@ def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
 
 
 class EagleDrafter:
-    """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head."""
+    """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head.
+
+    tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_search`): top_k children per
+    expanded node, top_k nodes expanded per depth, the total_tokens most probable nodes kept,
+    depth levels at most (None: the loop's k). Otherwise a chain, sampled from the head's
+    processed distribution at temperature > 0.
+    """
 
     name: ClassVar[str] = "eagle"
+    tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
     uses_hidden_states: ClassVar[bool] = True
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
+                 depth: int | None = None) -> None:
+        self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth)
         self.head = load_eagle(path)
         self.cache: Cache = self.head.new_cache()
         self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position
@@ -203,6 +215,8 @@ class EagleDrafter:
         self._real = self.cache_length
         if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet
             return Draft(ctx.tokens[:0])
+        if self.tree is not None:
+            return self._propose_tree(ctx, k, self._feature)
         lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
         feature = self._feature
         positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
@@ -216,6 +230,28 @@ class EagleDrafter:
             if i + 1 < k:  # the feature after the last draft is never needed
                 feature = self.head(embed(token), feature, positions[i : i + 1], self.cache)  # (1, H)
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+
+    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
+        """Grow a dynamic tree: each depth's chosen nodes run as pairs (d, f̂ of the parent) in one
+        forward on top of the real entries, at position T - 2 + depth."""
+        assert self.tree is not None
+        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
+        columns = TreeColumns(self.cache_length)
+        outputs: dict[int, torch.Tensor] = {}  # expanded node -> its predicted feature [H]
+        start = ctx.tokens.shape[0] - 2
+
+        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
+            tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
+            parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
+                                   for n in nodes])  # (f, H)
+            positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
+            mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
+            features = self.head(embed(tokens), parents, positions, self.cache, mask)  # (f, H)
+            outputs.update(zip(nodes, features))
+            return lm_head(features)  # (f, V)
+
+        draft, _ = grow_tree(lm_head(root)[0], expand, self.tree, k, root.device)
+        return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # Entries past the real pairs came from drafted features: drop them. The accepted

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -35,9 +35,11 @@ from transformers.cache_utils import Cache
 from specdec.cache import cache_length, crop_cache
 from specdec.drafters.feature_pairs import pending_pairs
 from specdec.drafters.mtp_head import MtpHead, MtpStage
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
+from specdec.trees import additive_mask
 from specdec.types import Draft
 
 __all__ = ["MtpDrafter", "MtpHead", "load_mtp", "mtp_checkpoint_keys"]
@@ -171,12 +173,18 @@ class MtpDrafter:
 
     sample=False drafts the argmax (no q); sample=True draws from the processed distribution
     `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.
+    tree=True drafts a dynamic tree instead (`specdec.drafters.tree_search`): the top_k tokens
+    per depth under each of the top_k most probable nodes of the depth before, the total_tokens
+    most probable nodes kept, depth levels at most (None: the loop's k); stage d runs depth d.
     """
 
     name: ClassVar[str] = "mtp"
+    tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
     uses_hidden_states: ClassVar[bool] = True
 
-    def __init__(self, path: str | Path, sample: bool = False) -> None:
+    def __init__(self, path: str | Path, sample: bool = False, tree: bool = False, top_k: int = 4,
+                 total_tokens: int = 16, depth: int | None = None) -> None:
+        self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth)
         self.head = load_mtp(path)
         self.sample = bool(sample)
         self.cache: Cache = self.head.new_cache()
@@ -216,6 +224,8 @@ class MtpDrafter:
         self._real = self.cache_length
         if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
             return Draft(ctx.tokens[:0])
+        if self.tree is not None:
+            return self._propose_tree(ctx, k, self._feature, self._logit_input)
         lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
         feature, logit_input = self._feature, self._logit_input
         start = ctx.tokens.shape[0] - 1  # position of the first drafted pair (d_1, feature)
@@ -230,6 +240,29 @@ class MtpDrafter:
                 position = torch.tensor([start + i], device=feature.device)
                 feature, logit_input = self.head(i + 1, embed(token), feature, position, self.cache)
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+
+    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
+        """Grow a dynamic tree: a depth-d node runs through stage d with its parent's fed-back
+        feature, in one forward per depth on top of the real entries, at position T - 2 + d."""
+        assert self.tree is not None
+        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
+        columns = TreeColumns(self.cache_length)
+        outputs: dict[int, torch.Tensor] = {}  # expanded node -> its fed-back feature [H]
+        start = ctx.tokens.shape[0] - 2
+
+        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
+            depth = search.depths[nodes[0]]
+            tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
+            parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
+                                   for n in nodes])  # (f, H)
+            positions = torch.full((len(nodes),), start + depth, device=root.device)
+            mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
+            fed_back, logit_input = self.head(depth, embed(tokens), parents, positions, self.cache, mask)
+            outputs.update(zip(nodes, fed_back))
+            return lm_head(logit_input)  # (f, V)
+
+        draft, _ = grow_tree(lm_head(root_input)[0], expand, self.tree, k, root.device)
+        return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         crop_cache(self.cache, min(self._real, self.cache_length))  # drop drafted entries

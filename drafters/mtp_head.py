@@ -88,9 +88,10 @@ class MtpHead(nn.Module):
         self.file: Path | str = "the checkpoint"  # for error messages
 
     def forward(self, depth: int, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: Cache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: Cache | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds, features [n, H] or [B, n, H] (training), positions [n] -> (features to feed back,
-        LM-head inputs), each shaped like `embeds`.
+        LM-head inputs), each shaped like `embeds`. `mask`: an additive [1, 1, n, C + n] tree mask
+        instead of the causal one.
 
         `depth` (0-based) picks the stage: the last one for depths beyond the stages.
         """
@@ -99,8 +100,8 @@ class MtpHead(nn.Module):
         single = x.dim() == 2
         x = x[None] if single else x  # (B, n, H)
         position_ids = positions[None]  # (1, n)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=mask, cache=cache,
+                                  position_ids=position_ids)  # a 4D tree mask comes back as it is
         rotary = self.rotary_emb(x, position_ids=position_ids)
         for layer in stage.layers:
             out = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache,

@@ -31,7 +31,8 @@ def parse_k(text: str) -> int | str:
 
 
 def _default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-    """Every registered drafter that can serve the target, and a line for each that cannot."""
+    """Every registered drafter that can serve the target (chain, then tree mode when it has one),
+    and a line for each that cannot."""
     from specdec import plugins
     from specdec.zoo import drafter_options
 
@@ -47,6 +48,9 @@ def _default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, A
                 skipped.append(f"{name} (needs options: {one_line(error)})")
                 continue
         chosen.append((name, options))
+        tree = getattr(plugins.drafter_class(name), "tree_options", None)
+        if tree:  # the drafter's tree mode as a row of its own, beside its chain
+            chosen.append((name, {**options, **tree}))
     return chosen, skipped
 
 

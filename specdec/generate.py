@@ -127,12 +127,14 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             else:
                 verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
         else:
-            logits, hidden = lm.forward_tree(torch.cat([tokens[length - 1 : length], draft.tokens]), parents,
-                                             hidden=wants_hidden)
+            tree = lm.forward_tree(torch.cat([tokens[length - 1 : length], draft.tokens]), parents)
+            hidden = tree.hidden if wants_hidden else None
             if sampling.greedy:
-                verdict = verify_tree_greedy(logits.argmax(dim=-1), draft.tokens, parents)
+                verdict = verify_tree_greedy(tree.argmax, draft.tokens, parents)
             else:
-                verdict = verify_tree(probabilities(logits, sampling), draft.tokens, parents, draft.probs, generator)
+                verdict = verify_tree(lambda row: probabilities(tree.row(row), sampling), draft.tokens, parents,
+                                      draft.probs, generator)
+            logits = tree.all() if trace is not None else tree.row(0)[None]
         emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
         m = len(emitted)
         tokens[length + verdict.num_accepted : length + m] = verdict.tokens[verdict.num_accepted : m]

@@ -17,12 +17,41 @@ from transformers.cache_utils import Cache
 
 from specdec.cache import (Snapshot, cache_length, check_transformers, crop_cache, gather_positions,
                            has_recurrent_state, new_cache, restore, snapshot, tree_obstacle, uncroppable_layers)
-from specdec.trees import ancestor_mask, depths
+from specdec.trees import additive_mask, ancestor_mask, depths
 
-__all__ = ["CausalLM"]
+__all__ = ["CausalLM", "TreeLogits"]
 
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
                      "model.decoder.final_layer_norm")
+
+
+class TreeLogits:
+    """The target's logits over a tree forward's rows, computed a row at a time when possible.
+
+    A greedy or sampled walk of the tree visits at most depth + 1 of its n + 1 rows, so the LM
+    head (V columns per row, the widest matmul of a small model) runs on those rows alone.
+    """
+
+    def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None) -> None:
+        self.hidden = hidden  # (n+1, H) last-layer, post-final-norm
+        self._head = head
+        self._full = full  # (n+1, V) when the model's logits are not head(hidden)
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def row(self, r: int) -> torch.Tensor:
+        """Logits [V] of row r (0 = the root, i + 1 = node i)."""
+        if self._full is not None:
+            return self._full[r]
+        if r not in self._rows:
+            self._rows[r] = self._head(self.hidden[r : r + 1])[0]
+        return self._rows[r]
+
+    def argmax(self, r: int) -> int:
+        return int(self.row(r).argmax())
+
+    def all(self) -> torch.Tensor:
+        """Logits [n + 1, V] of every row."""
+        return self._full if self._full is not None else self._head(self.hidden)
 
 
 class CausalLM:
@@ -64,6 +93,7 @@ class CausalLM:
         self.cache: Cache | None = None
         self._recurrent = False  # whether rollback needs snapshots (hybrid model)
         self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
+        self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
         self._snapshots: list[tuple[Snapshot, torch.Tensor]] = []  # (state before a forward, ids it fed)
 
     @property
@@ -123,20 +153,25 @@ class CausalLM:
             self.reset()
         return self._obstacle
 
-    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], hidden: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[int]) -> TreeLogits:
         """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
         committed token) then the n nodes, `parents` their parent indices (-1 = the root).
 
         Each row sees the prefix, its ancestors and itself, at position cached + depth. All n + 1
-        rows are appended to the cache; `keep_path` then keeps the accepted ones. Returns logits
-        [n + 1, V] and, if `hidden`, hidden states [n + 1, H].
+        rows are appended to the cache; `keep_path` then keeps the accepted ones. The result gives
+        each row's logits on demand and the hidden states [n + 1, H].
         """
         base = self.cache_length
         tree = ancestor_mask(parents, device=self.device)  # (n+1, n+1)
         visible = torch.cat([tree.new_ones(tree.shape[0], base), tree], dim=1)  # (n+1, base+n+1)
         positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (n+1,)
-        return self.forward_masked(input_ids, positions, visible, keep=tree.shape[0], hidden=hidden)
+        keep = 1 if self._lazy_head else tree.shape[0]  # the first time: all rows, to check the head
+        logits, states = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=True)
+        assert states is not None
+        if self._lazy_head is None:
+            self._lazy_head = _head_reproduces(self.lm_head, states, logits)
+            return TreeLogits(states, self.lm_head, logits)
+        return TreeLogits(states, self.lm_head, None if self._lazy_head else logits)
 
     def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, keep: int,
                        hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -149,9 +184,8 @@ class CausalLM:
         obstacle = self.tree_obstacle
         if obstacle is not None:
             raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
-        additive = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        additive.masked_fill_(~visible.to(self.device), torch.finfo(self.dtype).min)
-        return self._run(input_ids, keep, hidden, mask=additive[None, None], positions=positions[None])
+        mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, C + m)
+        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None])
 
     def keep_path(self, base: int, rows: list[int]) -> None:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
@@ -201,3 +235,11 @@ class CausalLM:
         if length > saved.length:
             fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
             self._run(fed[: length - saved.length], keep=1, hidden=False)  # under the caller's grad mode
+
+
+def _head_reproduces(head: nn.Module, states: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the model's logits [n, V] are its LM head applied to its last hidden states [n, H]
+    (not so with logit soft-capping or scaling, or if the hidden states are taken before a norm)."""
+    mine = head(states)  # (n, V)
+    scale = float(logits.abs().max()) if logits.numel() else 1.0
+    return mine.shape == logits.shape and bool(torch.allclose(mine, logits, rtol=1e-3, atol=1e-3 * max(scale, 1.0)))

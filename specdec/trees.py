@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["ancestor_mask", "chain_parents", "children", "depths", "first_path", "path_to",
+__all__ = ["additive_mask", "ancestor_mask", "chain_parents", "children", "depths", "first_path", "path_to",
            "tree_from_paths"]
 
 
@@ -67,13 +67,24 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | None = None) ->
     Row 0 is the root; row i + 1 is node i.
     """
     n = len(parents)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    rows: list[int] = []
+    cols: list[int] = []
+    for node in range(n):
+        ancestor = node
+        while ancestor >= 0:  # the node itself, then each ancestor: depth <= k entries
+            rows.append(node + 1)
+            cols.append(ancestor + 1)
+            ancestor = parents[ancestor]
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
     mask[:, 0] = True
-    for node, parent in enumerate(parents):
-        row = node + 1
-        mask[row] = mask[parent + 1]
-        mask[row, row] = True
-    return mask.to(device) if device is not None else mask
+    mask[torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device)] = True
+    return mask
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool [m, C + m] (True = attend) -> the additive 4D mask [1, 1, m, C + m] attention layers take."""
+    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return additive.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
 def tree_from_paths(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:

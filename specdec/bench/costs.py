@@ -10,7 +10,7 @@ import torch
 
 from specdec.target import CausalLM
 
-__all__ = ["forward_costs", "ideal_speedup"]
+__all__ = ["forward_costs", "ideal_speedup", "tree_forward_costs"]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -38,6 +38,34 @@ def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
             _synchronize(lm.device)
             start = time.perf_counter()
             lm.forward(ids, keep=n)
+            _synchronize(lm.device)
+            times.append(time.perf_counter() - start)
+            lm.rollback(base)
+        costs[n] = statistics.median(times[1:])
+    lm.reset()
+    return costs
+
+
+@torch.inference_mode()
+def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 7) -> dict[int, float]:
+    """Median seconds of a tree verify forward of n rows (the root and n - 1 nodes) after `prefix`:
+    the 4D-masked forward, the LM head on the root's row, and gathering the path back into place.
+
+    The tree is a chain of nodes: a tree forward's cost depends on its row count, not its shape.
+    """
+    lm.reset()
+    lm.forward(prefix.to(lm.device), keep=1)
+    base = lm.cache_length
+    costs: dict[int, float] = {}
+    for n in sorted(set(sizes)):
+        ids = prefix[-1:].repeat(n).to(lm.device)
+        parents = list(range(-1, n - 2))
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            _synchronize(lm.device)
+            start = time.perf_counter()
+            lm.forward_tree(ids, parents).argmax(0)
+            lm.keep_path(base, [0])
             _synchronize(lm.device)
             times.append(time.perf_counter() - start)
             lm.rollback(base)

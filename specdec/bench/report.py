@@ -19,7 +19,7 @@ __all__ = ["MEASURES", "SCHEMA", "csv_text", "summarize", "table"]
 
 SCHEMA = "specdec-bench/1"
 MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "ideal_speedup",
-            "ideal_ratio", "draft_share", "verify_share")
+            "ideal_ratio", "draft_share", "verify_share", "draft_size", "verify_ms")
 
 
 def _spread(values: list[float | None]) -> dict[str, float | None]:
@@ -29,8 +29,10 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(present), "std": statistics.stdev(present) if len(present) > 1 else 0.0}
 
 
-def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, float] | None) -> dict[str, Any]:
+def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, float] | None,
+             tree_costs: dict[int, float] | None = None) -> dict[str, Any]:
     mal = stats.mean_accepted_length
+    ours = contender.peer is None and stats.steps > 0
     figures: dict[str, Any] = {  # transformers' peers report no draft counters: their rates are None
         "mean_accepted_length": mal,
         "acceptance_rate": stats.acceptance_rate if contender.drafter is not None else None,
@@ -41,12 +43,16 @@ def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, 
         "verify_share": stats.verify_seconds / stats.wall_seconds if contender.peer is None and stats.wall_seconds
         else None,
         "ideal_speedup": None, "ideal_ratio": None,
+        # the width of each verify forward (draft tokens or tree nodes) and its time
+        "draft_size": stats.drafted / stats.steps if ours and contender.drafter is not None else None,
+        "verify_ms": 1000 * stats.verify_seconds / stats.steps if ours else None,
         "acceptance_per_position": [a / d if d else None for a, d in
                                     zip(stats.accepted_per_position, stats.drafted_per_position)],
     }
     if costs and contender.drafter is not None and stats.steps:
         k_eff = max(1, round(stats.drafted / stats.steps))
-        verify = costs.get(k_eff + 1) or costs[max(costs)]
+        table = tree_costs if contender.tree and tree_costs else costs
+        verify = table.get(k_eff + 1) or costs.get(k_eff + 1) or costs[max(costs)]
         ideal = ideal_speedup(mal, costs[1], verify, stats.draft_seconds / stats.steps)
         figures["ideal_speedup"] = ideal
         figures["ideal_ratio"] = figures["speedup"] / ideal if figures["speedup"] and ideal else None
@@ -54,8 +60,9 @@ def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, 
 
 
 def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[int, float] | None,
-              greedy: bool) -> list[dict[str, Any]]:
-    """Records per contender and category ("all" last), in contender order."""
+              greedy: bool, tree_costs: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """Records per contender and category ("all" last), in contender order. Tree contenders'
+    ideal speedups use `tree_costs` (T of a tree forward by row count) where measured."""
     categories = sorted({r.category for r in runs}) + ["all"]
     repeats = sorted({r.repeat for r in runs})
     plain_tokens = {(r.question, r.turn, r.repeat): r.tokens for r in runs if r.contender == "plain"}
@@ -71,9 +78,10 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
                 stats = total_stats([r.stats for r in chosen if r.repeat == repeat])
                 plain = total_stats([r.stats for r in runs if r.contender == "plain" and r.repeat == repeat
                                      and category in ("all", r.category)])
-                per_repeat.append(_figures(stats, plain, contender, costs))
+                per_repeat.append(_figures(stats, plain, contender, costs, tree_costs))
             record: dict[str, Any] = {"contender": contender.label, "drafter": contender.drafter,
-                                      "peer": contender.peer, "k": contender.k, "category": category,
+                                      "peer": contender.peer, "k": contender.k, "tree": contender.tree,
+                                      "category": category,
                                       "runs": len(chosen), "new_tokens": sum(r.stats.new_tokens for r in chosen)}
             for measure in MEASURES:
                 record[measure] = _spread([f[measure] for f in per_repeat])
@@ -96,8 +104,8 @@ def _cell(value: dict[str, float | None], digits: int, suffix: str = "", spread:
     return f"{text}±{value['std']:.{digits}f}" if spread and value["std"] else text
 
 
-HEADER = ("contender", "k", "mean acc. len", "acceptance", "tokens/s", "speedup", "ideal", "of ideal", "drafting",
-          "same as plain")
+HEADER = ("contender", "k", "mean acc. len", "acceptance", "nodes", "verify ms", "tokens/s", "speedup", "ideal",
+          "of ideal", "drafting", "same as plain")
 
 
 def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
@@ -107,7 +115,8 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
         same = "-" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
         share = r["draft_share"]
         rows.append((r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
-                     _cell(r["acceptance_rate"], 2, spread=False), _cell(r["tokens_per_second"], 0),
+                     _cell(r["acceptance_rate"], 2, spread=False), _cell(r["draft_size"], 1, spread=False),
+                     _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
                      _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),
                      _cell(r["ideal_ratio"], 2, spread=False),
                      "-" if share["mean"] is None else f"{share['mean']:.0%}", same))
@@ -120,13 +129,13 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
 def csv_text(records: Sequence[dict[str, Any]]) -> str:
     """One CSV row per record: each measure as `<name>_mean` and `<name>_std` columns."""
     out = io.StringIO()
-    columns = ["contender", "drafter", "peer", "k", "category", "runs", "new_tokens"]
+    columns = ["contender", "drafter", "peer", "k", "tree", "category", "runs", "new_tokens"]
     columns += [f"{m}_{part}" for m in MEASURES for part in ("mean", "std")]
     columns += ["acceptance_per_position", "mean_draft_length", "same_as_plain"]
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in records:
-        row = {key: r[key] for key in ("contender", "drafter", "peer", "k", "category", "runs", "new_tokens",
+        row = {key: r[key] for key in ("contender", "drafter", "peer", "k", "tree", "category", "runs", "new_tokens",
                                        "mean_draft_length", "same_as_plain")}
         for m in MEASURES:
             row[f"{m}_mean"], row[f"{m}_std"] = r[m]["mean"], r[m]["std"]

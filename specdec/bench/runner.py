@@ -36,6 +36,7 @@ class Contender:
     options: dict[str, Any] = field(default_factory=dict)
     k: int | str = 0  # draft length, or "auto"
     peer: str | None = None  # a transformers peer ("hf-plain", ...)
+    tree: bool = False  # whether the drafter's options make it draft token trees
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,16 @@ from typing import Any
 
 import torch
 
-from specdec.bench.costs import forward_costs
+from specdec.bench.costs import forward_costs, tree_forward_costs
 from specdec.bench.questions import Question, from_prompts, load_questions
 from specdec.bench.report import SCHEMA, csv_text, summarize
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
-__all__ = ["BenchConfig", "contenders_for", "run_session"]
+__all__ = ["BenchConfig", "contenders_for", "drafts_trees", "run_session"]
+
+_PATH_OPTIONS = ("model", "path")  # options that name files, left out of row labels
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,46 @@ class BenchConfig:
     prompts_per_category: int = 2
 
 
+def drafts_trees(name: str, options: dict[str, Any]) -> bool:
+    """Whether `options` switch on the tree mode the drafter declares in its `tree_options`
+    class attribute (e.g. eagle's {"tree": True}, ngram's {"branches": 4})."""
+    from specdec.plugins import drafter_class
+
+    try:
+        declared = getattr(drafter_class(name), "tree_options", None) or {}
+    except (KeyError, ValueError):
+        return False
+    if not declared:
+        return False
+    for key, value in declared.items():
+        given = options.get(key)
+        if given is None or given is False or given == 1 and key == "branches":
+            return False
+    return True
+
+
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool
                    ) -> list[Contender]:
-    """Plain decoding, each drafter at each k (a drafter's own `k` option wins), then the peers."""
+    """Plain decoding, each drafter at each k (a drafter's own `k` option wins), then the peers.
+
+    A drafter in tree mode is labelled NAME+tree; rows that would share a label get their
+    options appended.
+    """
     out = [Contender("plain")]
+    rows: list[tuple[str, str, dict[str, Any], int | str, bool]] = []
     for name, options in drafters:
         own = dict(options)
         values: Sequence[int | str] = [own.pop("k")] if "k" in own else ks
+        tree = drafts_trees(name, own)
         for k in values:
-            out.append(Contender(f"{name}:k={k}" if len(ks) > 1 or k == "auto" else name, name, own, k))
+            base = f"{name}+tree" if tree else name
+            rows.append((f"{base}:k={k}" if len(ks) > 1 or k == "auto" else base, name, own, k, tree))
+    labels = [label for label, *_ in rows]
+    for label, name, own, k, tree in rows:
+        if labels.count(label) > 1:
+            shown = ",".join(f"{key}={value}" for key, value in own.items() if key not in _PATH_OPTIONS)
+            label = f"{label}[{shown}]"
+        out.append(Contender(label, name, own, k, tree=tree))
     if peers:
         int_ks = [k for k in ks if isinstance(k, int)] or [4]
         out.append(Contender("hf-plain", peer="hf-plain", k=0))
@@ -107,8 +140,11 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     prompts = [torch.tensor(encode(q.turns[0]), dtype=torch.long) for q in questions]
     length = int(sum(p.numel() for p in prompts) / len(prompts)) + config.max_new_tokens // 2
     prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
-    costs = forward_costs(CausalLM(model), prefix, sizes)
-    records = summarize(runs, contenders, costs, config.sampling.greedy)
+    target = CausalLM(model)
+    costs = forward_costs(target, prefix, sizes)
+    tree_sizes = _tree_sizes(runs, contenders)
+    tree_costs = tree_forward_costs(target, prefix, tree_sizes) if tree_sizes and target.tree_obstacle is None else {}
+    records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs)
     document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
                              "target": str(config.target), "prompts": None if config.prompts is None
@@ -116,8 +152,21 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
                              "questions": len(questions), "turns": turns},
-                "forward_costs": {str(n): seconds for n, seconds in costs.items()}, "records": records}
+                "forward_costs": {str(n): seconds for n, seconds in costs.items()},
+                "tree_forward_costs": {str(n): seconds for n, seconds in tree_costs.items()}, "records": records}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out / "results.csv").write_text(csv_text(records))
     return records, document
+
+
+def _tree_sizes(runs: Sequence[Any], contenders: Sequence[Contender]) -> list[int]:
+    """Rows of the mean tree forward of each tree contender (nodes per step + the root)."""
+    sizes = set()
+    for contender in contenders:
+        if contender.tree:
+            steps = sum(r.stats.steps for r in runs if r.contender == contender.label)
+            drafted = sum(r.stats.drafted for r in runs if r.contender == contender.label)
+            if steps:
+                sizes.add(max(1, round(drafted / steps)) + 1)
+    return sorted(sizes)

@@ -1,0 +1,141 @@
+"""Dynamic draft trees (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with
+Dynamic Draft Trees", §4): grow the tree where the drafter is confident, verify the best part.
+
+Expansion: the root's top_k tokens form depth 1. At each further depth, the top_k nodes of the
+newest depth by *value* (the product of the drafter's probabilities along the path, a proxy of
+the chance the target accepts the whole path) are run through the drafter in one forward, and
+each gets its top_k children. Reranking: of every node generated, the `total_tokens` of highest
+value form the draft. A child's value never exceeds its parent's, and ties go to the node made
+first, so the kept set contains the ancestors of each of its nodes.
+
+Candidates are deterministic (top-k), so the verifier treats siblings by sample-and-match, which
+keeps sampling exact at any temperature. The drafter supplies one callback that runs a depth's
+chosen nodes and returns their next-token logits; where its cache puts them is its business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specdec.types import Draft
+
+__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow_tree", "tree_settings"]
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 tree settings: top_k children per expanded node and expanded nodes per depth;
+    total_tokens nodes kept; depth the most levels (None: the loop's k)."""
+
+    top_k: int = 4
+    total_tokens: int = 16
+    depth: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("top_k", "total_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, int)
+                                       or self.depth < 1):
+            raise ValueError(f"depth must be an int >= 1 or None (the loop's k), got {self.depth!r}")
+
+
+def tree_settings(drafter: str, tree: bool, top_k: int, total_tokens: int, depth: int | None
+                  ) -> DynamicTree | None:
+    """The drafter's DynamicTree when `tree` is true (None: chains); errors name the drafter."""
+    if not isinstance(tree, bool):
+        raise ValueError(f"{drafter}: tree must be true or false, got {tree!r}")
+    try:
+        settings = DynamicTree(top_k=top_k, total_tokens=total_tokens, depth=depth)
+    except ValueError as error:
+        raise ValueError(f"{drafter}: {error}") from None
+    return settings if tree else None
+
+
+@dataclass
+class TreeSearch:
+    """The nodes generated so far (creation order, parents before children)."""
+
+    tokens: list[int]
+    parents: list[int]  # -1 for depth 1
+    depths: list[int]
+    values: list[float]  # log of the path's drafter probability
+
+
+Expand = Callable[[TreeSearch, list[int]], torch.Tensor]
+
+
+def _add_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], top_k: int) -> list[int]:
+    """Add the top_k children of each parent (rows of logits [len(parents), V]); return the new ids."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (f, V)
+    best, ids = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)  # (f, top_k)
+    made: list[int] = []
+    for parent, values, tokens in zip(parents, best.tolist(), ids.tolist()):
+        base = search.values[parent] if parent >= 0 else 0.0
+        depth = search.depths[parent] + 1 if parent >= 0 else 1
+        for value, token in zip(values, tokens):
+            made.append(len(search.tokens))
+            search.tokens.append(token)
+            search.parents.append(parent)
+            search.depths.append(depth)
+            search.values.append(base + value)
+    return made
+
+
+def grow_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int,
+              device: torch.device) -> tuple[Draft, list[int]]:
+    """A dynamic tree of at most `settings.total_tokens` nodes, at most min(depth, k) deep.
+
+    root_logits: [V] the drafter's logits for the token after the last committed one.
+    expand(search, nodes) runs `nodes` (all of one depth, each with its ancestors already run)
+    and returns their next-token logits [len(nodes), V].
+    Returns the draft and, for each of its nodes, its id in the search.
+    """
+    depth = min(k, settings.depth) if settings.depth is not None else k
+    search = TreeSearch([], [], [], [])
+    if depth < 1:
+        return Draft(torch.empty(0, dtype=torch.long, device=device)), []
+    newest = _add_children(search, root_logits[None], [-1], settings.top_k)
+    for _ in range(depth - 1):
+        frontier = sorted(newest, key=lambda node: (-search.values[node], node))[: settings.top_k]
+        frontier.sort()  # creation order: the callback sees them as made
+        newest = _add_children(search, expand(search, frontier), frontier, settings.top_k)
+    kept = sorted(sorted(range(len(search.tokens)), key=lambda node: (-search.values[node], node))
+                  [: settings.total_tokens])
+    position = {node: i for i, node in enumerate(kept)}
+    parents = [position[search.parents[node]] if search.parents[node] >= 0 else -1 for node in kept]
+    tokens = [search.tokens[node] for node in kept]
+    return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None,
+                 torch.tensor(parents, dtype=torch.long, device=device)), kept
+
+
+class TreeColumns:
+    """Where the expanded nodes sit in a drafter's own cache, after `real` committed entries.
+
+    `visible` gives the attention mask of one depth's forward: each node sees the committed
+    entries, its ancestors' entries and itself, as in the target's tree forward.
+    """
+
+    def __init__(self, real: int) -> None:
+        self.real = real
+        self.length = real
+        self.column: dict[int, int] = {}  # search node id -> cache position
+
+    def visible(self, search: TreeSearch, nodes: list[int], device: torch.device) -> torch.Tensor:
+        """Bool [len(nodes), length + len(nodes)] for running `nodes` next; records their columns."""
+        mask = torch.zeros(len(nodes), self.length + len(nodes), dtype=torch.bool)
+        mask[:, : self.real] = True
+        for i, node in enumerate(nodes):
+            ancestor = search.parents[node]
+            while ancestor >= 0:
+                mask[i, self.column[ancestor]] = True
+                ancestor = search.parents[ancestor]
+            mask[i, self.length + i] = True
+        for i, node in enumerate(nodes):
+            self.column[node] = self.length + i
+        self.length += len(nodes)
+        return mask.to(device)
