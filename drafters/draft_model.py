@@ -44,15 +44,15 @@ class DraftModelDrafter:
     tree=True drafts EAGLE-2-style dynamic trees (`specdec.drafters.tree_search`): each depth's
     chosen nodes run in one tree-masked forward of the draft model, and after the verify the
     keys and values of the accepted path are gathered into place in its cache (they are exact:
-    the draft model saw those very tokens), so nothing is recomputed.
+    the draft model saw those very tokens), so nothing is recomputed. Options as for eagle.
     """
 
     name: ClassVar[str] = "draft-model"
     tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
 
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
-                 total_tokens: int = 16, depth: int | None = None) -> None:
-        self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth)
+                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0) -> None:
+        self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature)
         self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
         self._kept: list[int] = []  # search id of each node of the last tree draft
         self.lm = CausalLM(_load(model))

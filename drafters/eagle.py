@@ -176,7 +176,7 @@ class EagleDrafter:
 
     tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_search`): top_k children per
     expanded node, top_k nodes expanded per depth, the total_tokens most probable nodes kept,
-    depth levels at most (None: the loop's k). Otherwise a chain, sampled from the head's
+    depth levels at most (None: the loop's k), node values at value_temperature. Otherwise a chain, sampled from the head's
     processed distribution at temperature > 0.
     """
 
@@ -185,8 +185,8 @@ class EagleDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
-                 depth: int | None = None) -> None:
-        self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth)
+                 depth: int | None = None, value_temperature: float = 1.0) -> None:
+        self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_eagle(path)
         self.cache: Cache = self.head.new_cache()
         self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position

@@ -175,7 +175,8 @@ class MtpDrafter:
     `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.
     tree=True drafts a dynamic tree instead (`specdec.drafters.tree_search`): the top_k tokens
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
-    most probable nodes kept, depth levels at most (None: the loop's k); stage d runs depth d.
+    most probable nodes kept, depth levels at most (None: the loop's k), node values at
+    value_temperature; stage d runs depth d.
     """
 
     name: ClassVar[str] = "mtp"
@@ -183,8 +184,8 @@ class MtpDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False, top_k: int = 4,
-                 total_tokens: int = 16, depth: int | None = None) -> None:
-        self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth)
+                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0) -> None:
+        self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_mtp(path)
         self.sample = bool(sample)
         self.cache: Cache = self.head.new_cache()

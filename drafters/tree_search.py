@@ -28,11 +28,19 @@ __all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow_tree", "tree_settin
 @dataclass(frozen=True)
 class DynamicTree:
     """EAGLE-2 tree settings: top_k children per expanded node and expanded nodes per depth;
-    total_tokens nodes kept; depth the most levels (None: the loop's k)."""
+    total_tokens nodes kept; depth the most levels (None: the loop's k).
+
+    value_temperature: node values use softmax(logits / value_temperature). EAGLE-2 takes the
+    drafter's own probabilities (1.0), which estimate acceptance only when the drafter is
+    calibrated; a small under-confident drafter spreads its tree too wide and too shallow. The
+    zoo fits this temperature on held-out text (temperature scaling, Guo et al. 2017, "On
+    Calibration of Modern Neural Networks") and passes it with the drafter's options.
+    """
 
     top_k: int = 4
     total_tokens: int = 16
     depth: int | None = None
+    value_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("top_k", "total_tokens"):
@@ -42,15 +50,19 @@ class DynamicTree:
         if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, int)
                                        or self.depth < 1):
             raise ValueError(f"depth must be an int >= 1 or None (the loop's k), got {self.depth!r}")
+        value = self.value_temperature
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"value_temperature must be a finite number > 0, got {value!r}")
 
 
-def tree_settings(drafter: str, tree: bool, top_k: int, total_tokens: int, depth: int | None
-                  ) -> DynamicTree | None:
+def tree_settings(drafter: str, tree: bool, top_k: int, total_tokens: int, depth: int | None,
+                  value_temperature: float = 1.0) -> DynamicTree | None:
     """The drafter's DynamicTree when `tree` is true (None: chains); errors name the drafter."""
     if not isinstance(tree, bool):
         raise ValueError(f"{drafter}: tree must be true or false, got {tree!r}")
     try:
-        settings = DynamicTree(top_k=top_k, total_tokens=total_tokens, depth=depth)
+        settings = DynamicTree(top_k=top_k, total_tokens=total_tokens, depth=depth,
+                               value_temperature=value_temperature)
     except ValueError as error:
         raise ValueError(f"{drafter}: {error}") from None
     return settings if tree else None
@@ -69,9 +81,10 @@ class TreeSearch:
 Expand = Callable[[TreeSearch, list[int]], torch.Tensor]
 
 
-def _add_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], top_k: int) -> list[int]:
+def _add_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], top_k: int,
+                  temperature: float = 1.0) -> list[int]:
     """Add the top_k children of each parent (rows of logits [len(parents), V]); return the new ids."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (f, V)
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (f, V)
     best, ids = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)  # (f, top_k)
     made: list[int] = []
     for parent, values, tokens in zip(parents, best.tolist(), ids.tolist()):
@@ -99,11 +112,12 @@ def grow_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, 
     search = TreeSearch([], [], [], [])
     if depth < 1:
         return Draft(torch.empty(0, dtype=torch.long, device=device)), []
-    newest = _add_children(search, root_logits[None], [-1], settings.top_k)
+    newest = _add_children(search, root_logits[None], [-1], settings.top_k, settings.value_temperature)
     for _ in range(depth - 1):
         frontier = sorted(newest, key=lambda node: (-search.values[node], node))[: settings.top_k]
         frontier.sort()  # creation order: the callback sees them as made
-        newest = _add_children(search, expand(search, frontier), frontier, settings.top_k)
+        newest = _add_children(search, expand(search, frontier), frontier, settings.top_k,
+                               settings.value_temperature)
     kept = sorted(sorted(range(len(search.tokens)), key=lambda node: (-search.values[node], node))
                   [: settings.total_tokens])
     position = {node: i for i, node in enumerate(kept)}

@@ -5,7 +5,8 @@ an MTP module, a draft model, Medusa heads and an EAGLE head, all trained here o
 library's source, with progress bars); later runs reuse it from the cache. Then each drafter
 decodes the same held-out prompts (a function signature and docstring, a class header, a
 half-written function) greedily with k draft tokens per step, interleaved with plain decoding
-of the same target, and the table gives per drafter:
+of the same target; `eagle+tree` is the EAGLE head drafting EAGLE-2 token trees k deep instead
+of a chain (`docs/trees.md`). The table gives per drafter:
 
 - mean acc. len: tokens emitted per target forward, the bonus token included;
 - acceptance: accepted over drafted tokens;
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 import specdec
-from specdec import zoo
+from specdec import plugins, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.corpus import stdlib_corpus
 from specdec.prompts import code_prompts
@@ -37,7 +38,7 @@ from specdec.types import Stats, total_stats
 
 HEADER = ("drafter", "new tokens", "target forwards", "mean acc. len", "acceptance", "tokens/s", "speedup",
           "same as plain")
-DRAFTERS = ("ngram", "draft-model", "medusa", "eagle", "mtp")
+DRAFTERS = ("ngram", "draft-model", "medusa", "eagle", "mtp", "eagle+tree")  # NAME+tree: its token-tree mode
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,27 @@ def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], name: str | No
     """Greedy decoding of every prompt with a fresh drafter (None: plain); tokens and summed counters."""
     outputs, runs = [], []
     for prompt in prompts:
-        drafter = None if name is None else specdec.make_drafter(name, **options)
+        drafter = None if name is None else specdec.make_drafter(name.partition("+")[0], **options)
         result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens)
         outputs.append(result.tokens)
         runs.append(result.stats)
     return outputs, total_stats(runs)
 
 
+def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
+    """The zoo's options for each row of DRAFTERS; NAME+tree adds the drafter's tree options."""
+    options = zoo.drafter_options(directory)
+    for label in DRAFTERS:
+        name, _, tree = label.partition("+")
+        if tree:
+            options[label] = {**options[name], **plugins.drafter_class(name).tree_options}
+    return options
+
+
 def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace
             ) -> list[Row]:
     """Plain decoding and every drafter, `args.repeats` interleaved rounds; median times."""
-    options = zoo.drafter_options(directory)
+    options = drafter_options(directory)
     names: list[str | None] = [None, *DRAFTERS]
     for name in names:  # warm-up: one-off setup costs stay out of the timings
         decode(target, prompts[:1], name, options.get(name or "", {}), args.k, 8)

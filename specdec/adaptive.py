@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.protocols import DraftContext, Drafter
+from specdec.trees import depths
 from specdec.types import Draft
 
 __all__ = ["AdaptiveDraftLength"]
@@ -15,7 +16,8 @@ __all__ = ["AdaptiveDraftLength"]
 class AdaptiveDraftLength:
     """Proposes `k_t` tokens from `inner`, with k_t in [1, the loop's k], adapted after each verify.
 
-    Run it with `generate(..., num_draft_tokens=K_MAX)`: K_MAX caps the draft length.
+    Run it with `generate(..., num_draft_tokens=K_MAX)`: K_MAX caps the draft length. For a tree
+    drafter k_t is the tree's depth, and "accepted whole" means a path down to that depth.
     """
 
     def __init__(self, inner: Drafter, start: int = 4) -> None:
@@ -40,7 +42,8 @@ class AdaptiveDraftLength:
         length = max(1, min(self.k, k))
         self.requested.append(length)
         draft = self.inner.propose(ctx, length)
-        self._proposed = int(draft.tokens.shape[0])
+        self._proposed = int(draft.tokens.shape[0]) if draft.parents is None else max(depths(draft.parents.tolist()),
+                                                                                       default=0)
         self.history.append(self._proposed)
         return draft
 

@@ -157,8 +157,9 @@ def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
     if rows != list(range(len(rows))):
         source = torch.tensor(rows, dtype=torch.long) + base
         for layer in cache.layers:
-            if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
-                index = source.to(layer.keys.device)
-                layer.keys[..., base : base + len(rows), :] = layer.keys[..., index, :]
-                layer.values[..., base : base + len(rows), :] = layer.values[..., index, :]
+            kv = cast(Any, layer)  # full-attention layers (`tree_obstacle` keeps the others out)
+            if getattr(kv, "is_initialized", False) and kv.keys is not None and kv.keys.numel():
+                index = source.to(kv.keys.device)
+                kv.keys[..., base : base + len(rows), :] = kv.keys[..., index, :]
+                kv.values[..., base : base + len(rows), :] = kv.values[..., index, :]
     crop_cache(cache, base + len(rows))

@@ -60,6 +60,7 @@ def test_records_cover_every_contender_and_category(bench_run):
     labels = [r["contender"] for r in records if r["category"] == "all"]
     drafters = ["ngram", "draft-model", "medusa", "eagle", "mtp"]
     assert labels[0] == "plain" and {f"{d}:k={k}" for d in drafters for k in (K, "auto")} <= set(labels)
+    assert {f"{d}+tree:k={k}" for d in drafters for k in (K, "auto")} <= set(labels)  # each drafter's tree row
     assert {"hf-plain", "hf-prompt-lookup", "hf-assisted"} <= set(labels)
     assert {r["category"] for r in records} == {"coding", "docs", "all"}
     for record in records:
@@ -84,6 +85,14 @@ def test_figures_are_consistent_with_the_runs(bench_run):
             assert shares <= 1.0 + 1e-6
         assert r["new_tokens"] == NEW * r["runs"], r["contender"]
         assert r["speedup"]["mean"] > 0
+    trees = [r for r in document["records"] if r["tree"] and r["category"] == "all"]
+    assert trees and all(r["contender"].endswith(("+tree:k=3", "+tree:k=auto")) for r in trees)
+    for r in document["records"]:
+        if r["drafter"] is not None:
+            assert r["draft_size"]["mean"] > 0 and r["verify_ms"]["mean"] > 0, r["contender"]
+    wide = [r for r in trees if r["k"] == K and r["drafter"] in ("eagle", "mtp", "draft-model", "medusa")]
+    assert all(r["draft_size"]["mean"] > K for r in wide)  # more nodes than a chain's k
+    assert document["tree_forward_costs"] and all(v > 0 for v in document["tree_forward_costs"].values())
     auto = [r for r in document["records"] if r["k"] == "auto" and r["category"] == "all"]
     assert all(1 <= r["mean_draft_length"] <= 12 for r in auto)
     plain = next(r for r in document["records"] if r["contender"] == "plain" and r["category"] == "all")
@@ -117,6 +126,15 @@ def test_contenders_put_plain_first_and_honour_a_drafters_own_k():
     contenders = contenders_for([("ngram", {}), ("eagle", {"path": "x", "k": "auto"})], [2, 4], peers=False)
     assert [c.label for c in contenders] == ["plain", "ngram:k=2", "ngram:k=4", "eagle:k=auto"]
     assert contenders[3].options == {"path": "x"} and contenders[3].k == "auto"
+
+
+def test_tree_rows_are_labelled_and_rows_sharing_a_label_show_their_options():
+    contenders = contenders_for([("eagle", {"path": "x"}), ("eagle", {"path": "x", "tree": True}),
+                                 ("ngram", {"branches": 4}), ("ngram", {"branches": 1}),
+                                 ("eagle", {"path": "x", "tree": True, "top_k": 8})], [4], peers=False)
+    assert [c.label for c in contenders] == ["plain", "eagle", "eagle+tree[tree=True]", "ngram+tree", "ngram",
+                                             "eagle+tree[tree=True,top_k=8]"]
+    assert [c.tree for c in contenders] == [False, False, True, True, False, True]
 
 
 def test_adaptive_draft_length_follows_the_heuristic_and_stays_lossless(quick_zoo: Path):

@@ -56,7 +56,7 @@ def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
 def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
     code, rows, output = quick_run
     assert code == 0, output
-    assert [r["drafter"] for r in rows] == ["plain", "ngram", "draft-model", "medusa", "eagle", "mtp"]
+    assert [r["drafter"] for r in rows] == ["plain", "ngram", "draft-model", "medusa", "eagle", "mtp", "eagle+tree"]
     assert all(int(r["new tokens"]) == 3 * NEW_TOKENS for r in rows)  # three prompts, one per category
 
 

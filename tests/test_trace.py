@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from drafters_for_tests import RandomQDrafter
+from drafters_for_tests import RandomQDrafter, RandomTreeDrafter
 from tiny import tiny_model
 
 import specdec
@@ -53,6 +53,26 @@ def test_one_row_per_step_and_chips_match_the_counters(make, sampling: Sampling)
                 assert token.accept == pytest.approx(min(1.0, token.p / token.q), rel=1e-4, abs=1e-6)
                 assert (token.uniform < token.accept) == (token.kind == "accepted")
         assert step.draft_seconds >= 0 and step.verify_seconds > 0
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9, top_p=0.9)])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_tree_steps_list_each_tried_sibling_then_the_accepted_one(sampling: Sampling, sampled: bool):
+    result, trace = _run(RandomTreeDrafter(seed=5, sampled=sampled), sampling)
+    stats = result.stats
+    assert len(trace.steps) == stats.steps
+    assert [t for step in trace.steps for t in step.emitted] == result.tokens
+    assert _kinds(trace, "accepted") == stats.accepted
+    assert _kinds(trace, "correction") + _kinds(trace, "bonus") == stats.steps
+    assert _kinds(trace, "accepted") + _kinds(trace, "rejected") <= stats.drafted
+    assert any([t.kind for t in step.tokens].count("rejected") > 1 for step in trace.steps)  # siblings tried
+    for step in trace.steps:
+        for token in step.tokens[:-1]:
+            assert 0 <= token.p <= 1 and 0 < token.q <= 1 and token.accept is not None
+            if sampling.greedy:
+                assert token.uniform is None and token.accept == (1.0 if token.kind == "accepted" else 0.0)
+            else:  # accept iff u < min(1, p'/q), p' the residual after the siblings tried before it
+                assert (token.uniform < token.accept) == (token.kind == "accepted")
 
 
 def test_tokens_past_eos_are_not_in_the_trace():

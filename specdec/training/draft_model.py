@@ -59,6 +59,11 @@ class DraftModelStudent:
         return soft_cross_entropy(logits, batch.log_probs)
 
     @torch.no_grad()
+    def draft_logits(self, batch: TeacherBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its next-token logits and the target's log-probabilities at the same rows."""
+        return self.module(input_ids=batch.ids).logits, batch.log_probs
+
+    @torch.no_grad()
     def evaluate(self, batch: TeacherBatch) -> dict[str, float]:
         logits = self.module(input_ids=batch.ids).logits  # (B, T, V)
         return {"loss": next_token_loss(logits[:, :-1], batch.ids[:, 1:]).item(),

@@ -83,6 +83,11 @@ class EagleStudent:
         return regression + self.cls_weight * soft_cross_entropy(self.lm_head(predicted), batch.log_probs[:, 1:])
 
     @torch.no_grad()
+    def draft_logits(self, batch: TeacherBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its logits for the first drafted token and the target's log-probabilities there."""
+        return self.lm_head(self._predict(batch, noisy=False)), batch.log_probs[:, 1:]
+
+    @torch.no_grad()
     def evaluate(self, batch: TeacherBatch) -> dict[str, float]:
         logits = self.lm_head(self._predict(batch, noisy=False))  # (B, T-1, V)
         return {"loss": next_token_loss(logits[:, :-1], batch.ids[:, 2:]).item(),

@@ -65,6 +65,11 @@ class MtpStudent:
         return soft_cross_entropy(self._logits(batch), batch.log_probs[:, 1:])
 
     @torch.no_grad()
+    def draft_logits(self, batch: TeacherBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its logits for the first drafted token and the target's log-probabilities there."""
+        return self._logits(batch), batch.log_probs[:, 1:]
+
+    @torch.no_grad()
     def evaluate(self, batch: TeacherBatch) -> dict[str, float]:
         logits = self._logits(batch)
         return {"loss": next_token_loss(logits[:, :-1], batch.ids[:, 2:]).item(),

@@ -37,8 +37,12 @@ class Student(Protocol):
     """A drafter being trained on teacher batches (`specdec.training.distill`)."""
 
     name: str
-    module: nn.Module  # its trainable parameters
     lr: float  # peak learning rate
+
+    @property
+    def module(self) -> nn.Module:
+        """Its trainable parameters."""
+        ...
 
     def loss(self, batch: TeacherBatch) -> torch.Tensor:
         """The training loss on one batch (a scalar with a graph)."""

@@ -30,6 +30,7 @@ from specdec.plugins import make_drafter
 from specdec.prompts import code_prompts
 from specdec.target import CausalLM
 from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
+from specdec.training.calibration import value_temperatures
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
@@ -40,7 +41,7 @@ from specdec.training.target import heldout_loss, target_config, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
 from specdec.versions import software_versions
 from specdec.zoo.settings import FULL, ZooSettings
-from specdec.zoo.store import MANIFEST, family_dir, staging
+from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, staging
 
 __all__ = ["build", "drafter_options"]
 
@@ -48,10 +49,17 @@ LEARNED = ("draft-model", "medusa", "eagle", "mtp")
 
 
 def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
-    """`make_drafter` options of every drafter that serves a built family's target."""
-    return {"ngram": {}, "draft-model": {"model": str(directory / "draft-model")},
-            "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
-            "mtp": {"path": str(directory / "target")}}
+    """`make_drafter` options of every drafter that serves a built family's target, with the
+    value temperature the build fitted for each learned drafter's dynamic trees."""
+    options: dict[str, dict[str, Any]] = {
+        "ngram": {}, "draft-model": {"model": str(directory / "draft-model")},
+        "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
+        "mtp": {"path": str(directory / "target")}}
+    calibration = directory / CALIBRATION
+    if calibration.is_file():
+        for name, tau in json.loads(calibration.read_text()).items():
+            options[name]["value_temperature"] = float(tau)
+    return options
 
 
 def build(settings: ZooSettings = FULL, root: str | Path | None = None, show_progress: bool = True,
@@ -112,6 +120,8 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
     mtp = MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())
     figures = evaluate(target, [*students, mtp], windows)
+    temperatures = value_temperatures(target, [*students, mtp], windows)
+    (work / CALIBRATION).write_text(json.dumps(temperatures, indent=2, sort_keys=True) + "\n")
     acceptance = _acceptance(work, corpus, tokenizer, settings)
     pieces: dict[str, dict[str, Any]] = {
         "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
@@ -124,6 +134,8 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
         pieces[name] = {"path": directory, "parameters": sizes[name],
                         "bytes": _bytes(work / directory) if name != "mtp" else None,
                         "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
+        if name in temperatures:
+            pieces[name]["value_temperature"] = temperatures[name]
     pieces["ngram"] = {"path": None, **acceptance["ngram"]}
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
               "build_seconds": round(time.perf_counter() - started, 1), "threads": torch.get_num_threads(),

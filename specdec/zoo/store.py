@@ -19,9 +19,10 @@ from typing import Any
 
 from specdec.zoo.settings import ZooSettings
 
-__all__ = ["MANIFEST", "PIECES", "cache_root", "family_dir", "finished", "manifest", "piece_dir", "staging"]
+__all__ = ["CALIBRATION", "MANIFEST", "PIECES", "cache_root", "family_dir", "finished", "manifest", "piece_dir", "staging"]
 
 MANIFEST = "manifest.json"
+CALIBRATION = "value_temperatures.json"  # the dynamic-tree value temperature of each learned drafter
 PIECES = {"tokenizer": "tokenizer", "target": "target", "draft-model": "draft-model", "medusa": "medusa",
           "eagle": "eagle", "mtp": "target"}  # piece -> directory (the MTP module lives in the target's files)
 
