@@ -52,9 +52,12 @@ def test_value_temperature_never_changes_the_candidates_only_which_are_kept():
     sharp, _ = grow_tree(root, expand, DynamicTree(top_k=3, total_tokens=9, value_temperature=0.2), 4,
                          torch.device("cpu"))
     flat, _ = grow_tree(root, expand, DynamicTree(top_k=3, total_tokens=9), 4, torch.device("cpu"))
-    assert sharp.tokens[:3].tolist() == flat.tokens[:3].tolist()  # depth 1: the root's top 3 either way
+    top3 = set(root.topk(3).indices.tolist())
+    for draft in (sharp, flat):  # candidates are the top-k under their parent either way
+        first = [t for t, parent in zip(draft.tokens.tolist(), draft.parents.tolist()) if parent < 0]
+        assert set(first) <= top3 and first
     depth = lambda draft: max(_depths(draft.parents.tolist()))  # noqa: E731
-    assert depth(sharp) >= depth(flat)
+    assert depth(sharp) > depth(flat)  # sharper values reach deeper with the same node budget
 
 
 def _depths(parents: list[int]) -> list[int]:
@@ -80,6 +83,6 @@ def test_the_zoo_fits_a_value_temperature_per_learned_drafter_and_passes_it_on(q
     for name, tau in fitted.items():
         assert manifest["pieces"][name]["value_temperature"] == tau
         assert options[name]["value_temperature"] == tau
-        assert specdec.make_drafter(name, **options, tree=True).tree.value_temperature == tau
+        assert specdec.make_drafter(name, **options[name], tree=True).tree.value_temperature == tau
     # small distilled drafters are under-confident: their fitted temperature sharpens them
     assert fitted["eagle"] < 1.0

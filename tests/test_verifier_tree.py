@@ -410,46 +410,18 @@ def _rows(p: torch.Tensor | Callable[[int], torch.Tensor]) -> Callable[[int], to
     return p.__getitem__ if isinstance(p, torch.Tensor) else p
 
 
-def verify_tree_stale_bonus(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
-                            parents: Sequence[int], q: torch.Tensor | None,
-                            generator: torch.Generator | None) -> Verdict:
-    """LOSSY: after accepting a leaf, draws the bonus from p' of the level the leaf was tried at
-    (p there, or the residual its rejected elder siblings left), not from the leaf's own row."""
-    row_of = _rows(p)
-    dtype = row_of(0).dtype
-    if q is not None:
-        q = (q / q.sum(dim=-1, keepdim=True)).to(dtype)
-    kids = children(parents)
-    path: list[int] = []
-    tried: list[float] = []
-    row = 0
-    while True:
-        distribution = row_of(row)
-        chosen = -1
-        for child in kids[row]:
-            token = int(tokens[child])
-            accept = float(distribution[token]) if q is None else min(1.0, float(distribution[token] / q[child, token]))
-            tried.append(accept)
-            if float(torch.rand((), generator=generator, dtype=dtype)) < accept:
-                chosen = child
-                break
-            distribution = residual_distribution(distribution, None if q is None else q[child], tokens[child])
-        if chosen < 0 or not kids[chosen + 1]:
-            if chosen >= 0:
-                path.append(chosen)
-            last = torch.multinomial(distribution, 1, generator=generator)  # stale after a leaf
-            break
-        path.append(chosen)
-        row = chosen + 1
-    return Verdict(tokens=torch.cat([tokens[path], last]), num_accepted=len(path),
-                   acceptance=torch.tensor(tried, dtype=dtype), path=tuple(path))
+def _buggy_verify_tree(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
+                       parents: Sequence[int], q: torch.Tensor | None, generator: torch.Generator | None,
+                       *, stale_bonus: bool = False, dedup: bool = False, keep_p: bool = False) -> Verdict:
+    """The tree walk with one known bug switched on (each flag is LOSSY):
 
-
-def verify_tree_dedup_siblings(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
-                               parents: Sequence[int], q: torch.Tensor | None,
-                               generator: torch.Generator | None) -> Verdict:
-    """LOSSY: tries each distinct token once among siblings; a duplicate of a rejected sibling is
-    skipped, though i.i.d. siblings must each be tried against the residual."""
+    stale_bonus: after accepting a leaf, the bonus comes from p' of the level the leaf was tried
+        at (p there, or the residual its rejected elder siblings left), not the leaf's own row;
+    dedup: each distinct token is tried once among siblings, though i.i.d. siblings must each be
+        tried against the residual;
+    keep_p: a rejected sibling leaves p' unchanged, so the next sibling and the correction see
+        p, not the residual (a rejected deterministic candidate can come straight back).
+    """
     row_of = _rows(p)
     dtype = row_of(0).dtype
     if q is not None:
@@ -464,7 +436,7 @@ def verify_tree_dedup_siblings(p: torch.Tensor | Callable[[int], torch.Tensor], 
         seen: set[int] = set()
         for child in kids[row]:
             token = int(tokens[child])
-            if token in seen:
+            if dedup and token in seen:
                 continue
             seen.add(token)
             accept = float(distribution[token]) if q is None else min(1.0, float(distribution[token] / q[child, token]))
@@ -472,9 +444,12 @@ def verify_tree_dedup_siblings(p: torch.Tensor | Callable[[int], torch.Tensor], 
             if float(torch.rand((), generator=generator, dtype=dtype)) < accept:
                 chosen = child
                 break
-            distribution = residual_distribution(distribution, None if q is None else q[child], tokens[child])
-        if chosen < 0:
-            last = torch.multinomial(distribution, 1, generator=generator)
+            if not keep_p:
+                distribution = residual_distribution(distribution, None if q is None else q[child], tokens[child])
+        if chosen < 0 or (stale_bonus and not kids[chosen + 1]):
+            if chosen >= 0:
+                path.append(chosen)
+            last = torch.multinomial(distribution, 1, generator=generator)  # stale after a leaf
             break
         path.append(chosen)
         row = chosen + 1
@@ -482,36 +457,16 @@ def verify_tree_dedup_siblings(p: torch.Tensor | Callable[[int], torch.Tensor], 
                    acceptance=torch.tensor(tried, dtype=dtype), path=tuple(path))
 
 
-def verify_tree_siblings_against_p(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
-                                   parents: Sequence[int], q: torch.Tensor | None,
-                                   generator: torch.Generator | None) -> Verdict:
-    """LOSSY: a rejected sibling leaves p' unchanged: the next sibling and the correction see p,
-    not the residual (a rejected deterministic candidate can come straight back)."""
-    row_of = _rows(p)
-    dtype = row_of(0).dtype
-    if q is not None:
-        q = (q / q.sum(dim=-1, keepdim=True)).to(dtype)
-    kids = children(parents)
-    path: list[int] = []
-    tried: list[float] = []
-    row = 0
-    while True:
-        distribution = row_of(row)
-        chosen = -1
-        for child in kids[row]:
-            token = int(tokens[child])
-            accept = float(distribution[token]) if q is None else min(1.0, float(distribution[token] / q[child, token]))
-            tried.append(accept)
-            if float(torch.rand((), generator=generator, dtype=dtype)) < accept:
-                chosen = child
-                break
-        if chosen < 0:
-            last = torch.multinomial(distribution, 1, generator=generator)
-            break
-        path.append(chosen)
-        row = chosen + 1
-    return Verdict(tokens=torch.cat([tokens[path], last]), num_accepted=len(path),
-                   acceptance=torch.tensor(tried, dtype=dtype), path=tuple(path))
+def verify_tree_stale_bonus(p, tokens, parents, q, generator) -> Verdict:  # type: ignore[no-untyped-def]
+    return _buggy_verify_tree(p, tokens, parents, q, generator, stale_bonus=True)
+
+
+def verify_tree_dedup_siblings(p, tokens, parents, q, generator) -> Verdict:  # type: ignore[no-untyped-def]
+    return _buggy_verify_tree(p, tokens, parents, q, generator, dedup=True)
+
+
+def verify_tree_siblings_against_p(p, tokens, parents, q, generator) -> Verdict:  # type: ignore[no-untyped-def]
+    return _buggy_verify_tree(p, tokens, parents, q, generator, keep_p=True)
 
 
 def verify_tree_smoothed(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
