@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -44,7 +44,8 @@ class DraftModelDrafter:
     tree=True drafts EAGLE-2-style dynamic trees (`specdec.drafters.tree_search`): each depth's
     chosen nodes run in one tree-masked forward of the draft model, and after the verify the
     keys and values of the accepted path are gathered into place in its cache (they are exact:
-    the draft model saw those very tokens), so nothing is recomputed. Options as for eagle.
+    the draft model saw those very tokens), so nothing is recomputed. Options as for eagle; at
+    temperature > 0 the siblings are i.i.d. samples, as for eagle.
     """
 
     name: ClassVar[str] = "draft-model"
@@ -115,7 +116,7 @@ class DraftModelDrafter:
             out, _ = self.lm.forward_masked(tokens, positions, visible, keep=len(nodes))
             return out  # (f, V)
 
-        draft, self._kept = grow_tree(logits[0], expand, self.tree, k, self.lm.device)
+        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
         self._columns = columns
         return draft
 

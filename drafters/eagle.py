@@ -36,7 +36,7 @@ from transformers.masking_utils import create_causal_mask
 from specdec.cache import cache_length, crop_cache, new_cache
 from specdec.drafters.feature_pairs import pending_pairs
 from specdec.drafters.layers import decoder_layer_classes
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -176,7 +176,9 @@ class EagleDrafter:
 
     tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_search`): top_k children per
     expanded node, top_k nodes expanded per depth, the total_tokens most probable nodes kept,
-    depth levels at most (None: the loop's k), node values at value_temperature. Otherwise a chain, sampled from the head's
+    depth levels at most (None: the loop's k), node values at value_temperature; at temperature
+    > 0 the siblings are i.i.d. draws from the head's processed distribution instead (reported
+    as q), total_tokens split evenly over the levels. Otherwise a chain, sampled from the head's
     processed distribution at temperature > 0.
     """
 
@@ -250,7 +252,7 @@ class EagleDrafter:
             outputs.update(zip(nodes, features))
             return lm_head(features)  # (f, V)
 
-        draft, _ = grow_tree(lm_head(root)[0], expand, self.tree, k, root.device)
+        draft, _ = grow(lm_head(root)[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:

@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache
 from specdec.cache import cache_length, crop_cache
 from specdec.drafters.feature_pairs import pending_pairs
 from specdec.drafters.mtp_head import MtpHead, MtpStage
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow_tree, tree_settings
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import sample
 from specdec.target import CausalLM
@@ -176,7 +176,8 @@ class MtpDrafter:
     tree=True drafts a dynamic tree instead (`specdec.drafters.tree_search`): the top_k tokens
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
     most probable nodes kept, depth levels at most (None: the loop's k), node values at
-    value_temperature; stage d runs depth d.
+    value_temperature; stage d runs depth d. With sample=True and temperature > 0 the siblings
+    are i.i.d. draws from the processed distribution (reported as q) instead of a top-k.
     """
 
     name: ClassVar[str] = "mtp"
@@ -262,7 +263,8 @@ class MtpDrafter:
             outputs.update(zip(nodes, fed_back))
             return lm_head(logit_input)  # (f, V)
 
-        draft, _ = grow_tree(lm_head(root_input)[0], expand, self.tree, k, root.device)
+        draft, _ = grow(lm_head(root_input)[0], expand, self.tree, k, ctx.sampling, ctx.generator,
+                        sampled=self.sample)
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:

@@ -9,20 +9,22 @@ value form the draft. A child's value never exceeds its parent's, and ties go to
 first, so the kept set contains the ancestors of each of its nodes.
 
 Candidates are deterministic (top-k), so the verifier treats siblings by sample-and-match, which
-keeps sampling exact at any temperature. The drafter supplies one callback that runs a depth's
+keeps sampling exact at any temperature. At temperature > 0 a drafter may instead grow a tree of
+i.i.d. sampled siblings (`grow_sampled_tree`), verified by SpecInfer's residual chain. The drafter supplies one callback that runs a depth's
 chosen nodes and returns their next-token logits; where its cache puts them is its business.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from specdec.types import Draft
+from specdec.sampling import probabilities
+from specdec.types import Draft, Sampling
 
-__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow_tree", "tree_settings"]
+__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow", "grow_sampled_tree", "grow_tree", "tree_settings"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class TreeSearch:
     parents: list[int]  # -1 for depth 1
     depths: list[int]
     values: list[float]  # log of the path's drafter probability
+    rows: list[torch.Tensor] = field(default_factory=list)  # sampled trees: the q [V] each node was drawn from
 
 
 Expand = Callable[[TreeSearch, list[int]], torch.Tensor]
@@ -125,6 +128,75 @@ def grow_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, 
     tokens = [search.tokens[node] for node in kept]
     return Draft(torch.tensor(tokens, dtype=torch.long, device=device), None,
                  torch.tensor(parents, dtype=torch.long, device=device)), kept
+
+
+def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int,
+                      sampling: Sampling, generator: torch.Generator) -> tuple[Draft, list[int]]:
+    """A tree of i.i.d. sampled siblings for temperature > 0 (SpecInfer's multi-step speculative
+    sampling, Miao et al. 2024, §4.3): each node's children are independent draws from the
+    drafter's processed distribution q there, reported as the draft's probs.
+
+    Nothing drawn is ever dropped (pruning a sibling for its token would bias the rest). The
+    shape is decided before each draw: the node budget `total_tokens` is split evenly over the
+    min(depth, k) levels; at depth 1 the root gets that many draws (at most top_k), and at each
+    further depth the most valuable nodes of the depth before (at most top_k of them) share the
+    level's budget. Values (path probabilities at `value_temperature`) only choose which nodes
+    to expand, which may depend on anything drawn before.
+    """
+    depth = min(k, settings.depth) if settings.depth is not None else k
+    search = TreeSearch([], [], [], [])
+    device = root_logits.device
+    if depth < 1:
+        return Draft(torch.empty(0, dtype=torch.long, device=device)), []
+    newest: list[int] = []
+    logits, parents = root_logits[None], [-1]
+    for level in range(depth):
+        budget = (settings.total_tokens - len(search.tokens)) // (depth - level)
+        if level:
+            chosen = sorted(newest, key=lambda node: (-search.values[node], node))[: min(settings.top_k, budget)]
+            if not chosen:
+                break
+            parents = sorted(chosen)  # creation order: the callback sees them as made
+            logits = expand(search, parents)
+        counts = [min(settings.top_k, budget // len(parents) + (i < budget % len(parents)))
+                  for i in range(len(parents))]
+        newest = _draw_children(search, logits, parents, counts, sampling, generator, settings.value_temperature)
+        if not newest:
+            break
+    probs = torch.stack(search.rows) if search.rows else None  # (n, V)
+    return Draft(torch.tensor(search.tokens, dtype=torch.long, device=device), probs,
+                 torch.tensor(search.parents, dtype=torch.long, device=device)), list(range(len(search.tokens)))
+
+
+def grow(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int, sampling: Sampling,
+         generator: torch.Generator, sampled: bool) -> tuple[Draft, list[int]]:
+    """The drafter's tree for this step: i.i.d. sampled siblings when `sampled` and the sampling is
+    not greedy, else the EAGLE-2 tree of top-k candidates."""
+    if sampled and not sampling.greedy:
+        return grow_sampled_tree(root_logits, expand, settings, k, sampling, generator)
+    return grow_tree(root_logits, expand, settings, k, root_logits.device)
+
+
+def _draw_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], counts: list[int],
+                   sampling: Sampling, generator: torch.Generator, temperature: float) -> list[int]:
+    """Draw counts[i] i.i.d. children of parents[i] from the processed rows of logits [f, V]."""
+    q = probabilities(logits, sampling)  # (f, V)
+    log_values = torch.log_softmax(logits.float() / temperature, dim=-1)  # (f, V)
+    made: list[int] = []
+    for i, (parent, count) in enumerate(zip(parents, counts)):
+        if count <= 0:
+            continue
+        drawn = torch.multinomial(q[i], count, replacement=True, generator=generator).tolist()
+        base = search.values[parent] if parent >= 0 else 0.0
+        depth = search.depths[parent] + 1 if parent >= 0 else 1
+        for token in drawn:
+            made.append(len(search.tokens))
+            search.tokens.append(token)
+            search.parents.append(parent)
+            search.depths.append(depth)
+            search.values.append(base + float(log_values[i, token]))
+            search.rows.append(q[i])
+    return made
 
 
 class TreeColumns:
