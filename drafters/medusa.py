@@ -318,6 +318,11 @@ class MedusaDrafter:
 
     name: ClassVar[str] = "medusa"
     tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
+
+    @staticmethod
+    def drafts_trees(options: dict[str, Any]) -> bool:
+        """Whether these options make it draft trees (tree=True or any medusa_choices)."""
+        return options.get("tree") is True or options.get("medusa_choices") is not None
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False,

@@ -115,6 +115,12 @@ class NgramDrafter:
     name: ClassVar[str] = "ngram"
     tree_options: ClassVar[dict[str, Any]] = {"branches": 4}  # the options that make it draft trees (bench rows)
 
+    @staticmethod
+    def drafts_trees(options: dict[str, Any]) -> bool:
+        """Whether these options make it draft trees (more than one branch)."""
+        branches = options.get("branches", 1)
+        return isinstance(branches, int) and not isinstance(branches, bool) and branches > 1
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, branches: int = 1) -> None:
         for field, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram), ("branches", branches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -29,7 +29,8 @@ class AdaptiveDraftLength:
         self.start = start
         self.k = start
         self._proposed = 0
-        self.history: list[int] = []  # the draft length proposed at each step
+        self._draft: Draft | None = None
+        self.history: list[int] = []  # the draft length (a tree's depth) proposed at each verified step
         self.requested: list[int] = []  # the draft length asked of the inner drafter at each step
 
     def prefill(self, ctx: DraftContext) -> None:
@@ -42,12 +43,18 @@ class AdaptiveDraftLength:
         length = max(1, min(self.k, k))
         self.requested.append(length)
         draft = self.inner.propose(ctx, length)
-        self._proposed = int(draft.tokens.shape[0]) if draft.parents is None else max(depths(draft.parents.tolist()),
-                                                                                       default=0)
-        self.history.append(self._proposed)
+        self._draft = draft  # its length is read in commit, after the loop has validated it
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        draft, self._draft = self._draft, None
+        if draft is None:
+            self._proposed = 0
+        elif draft.parents is None:
+            self._proposed = int(draft.tokens.shape[0])
+        else:  # a tree's length is its depth
+            self._proposed = max(depths(draft.parents.tolist()), default=0)
+        self.history.append(self._proposed)
         if self._proposed:  # an empty draft says nothing about the right length
             self.k = self.k + 2 if num_accepted == self._proposed else max(1, self.k - 1)
         if hasattr(self.inner, "commit"):

@@ -29,21 +29,25 @@ class TreeLogits:
     """The target's logits over a tree forward's rows, computed a row at a time when possible.
 
     A greedy or sampled walk of the tree visits at most depth + 1 of its n + 1 rows, so the LM
-    head (V columns per row, the widest matmul of a small model) runs on those rows alone.
+    head (V columns per row, the widest matmul of a small model) runs on those rows alone; the
+    root's row comes with the forward.
     """
 
-    def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None) -> None:
+    def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None,
+                 root: torch.Tensor | None = None) -> None:
         self.hidden = hidden  # (n+1, H) last-layer, post-final-norm
         self._head = head
-        self._full = full  # (n+1, V) when the model's logits are not head(hidden)
-        self._rows: dict[int, torch.Tensor] = {}
+        self._full = full  # (n+1, V) when every row was computed by the model
+        self._rows: dict[int, torch.Tensor] = {} if root is None else {0: root}
+        self._dtype = root.dtype if root is not None else None  # the model's logits dtype
 
     def row(self, r: int) -> torch.Tensor:
         """Logits [V] of row r (0 = the root, i + 1 = node i)."""
         if self._full is not None:
             return self._full[r]
         if r not in self._rows:
-            self._rows[r] = self._head(self.hidden[r : r + 1])[0]
+            logits = self._head(self.hidden[r : r + 1])[0]
+            self._rows[r] = logits if self._dtype is None else logits.to(self._dtype)
         return self._rows[r]
 
     def argmax(self, r: int) -> int:
@@ -51,7 +55,9 @@ class TreeLogits:
 
     def all(self) -> torch.Tensor:
         """Logits [n + 1, V] of every row."""
-        return self._full if self._full is not None else self._head(self.hidden)
+        if self._full is not None:
+            return self._full
+        return torch.stack([self.row(r) for r in range(self.hidden.shape[0])])
 
 
 class CausalLM:
@@ -165,16 +171,20 @@ class CausalLM:
         tree = ancestor_mask(parents, device=self.device)  # (n+1, n+1)
         visible = torch.cat([tree.new_ones(tree.shape[0], base), tree], dim=1)  # (n+1, base+n+1)
         positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (n+1,)
-        keep = 1 if self._lazy_head else tree.shape[0]  # the first time: all rows, to check the head
+        # the root's row only, once the model is known to compute logits as lm_head(hidden states);
+        # every row the first time (to check that) and always for models that do not
+        keep: int | torch.Tensor = torch.zeros(1, dtype=torch.long, device=self.device) if self._lazy_head \
+            else tree.shape[0]
         logits, states = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=True)
         assert states is not None
         if self._lazy_head is None:
-            self._lazy_head = _head_reproduces(self.lm_head, states, logits)
+            self._lazy_head = _head_reproduces(self.config, self.lm_head, states, logits)
             return TreeLogits(states, self.lm_head, logits)
-        return TreeLogits(states, self.lm_head, None if self._lazy_head else logits)
+        return TreeLogits(states, self.lm_head, None, logits[0]) if self._lazy_head else \
+            TreeLogits(states, self.lm_head, logits)
 
-    def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, keep: int,
-                       hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       keep: int | torch.Tensor, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
         where visible[r] [C + m] is True (C = cached positions); the rows are appended to the cache.
 
@@ -192,7 +202,7 @@ class CausalLM:
         assert self.cache is not None
         gather_positions(self.cache, base, rows)
 
-    def _run(self, input_ids: torch.Tensor, keep: int, hidden: bool, mask: torch.Tensor | None = None,
+    def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: bool, mask: torch.Tensor | None = None,
              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = self.model(
             input_ids=input_ids.unsqueeze(0),  # (1, n)
@@ -237,9 +247,20 @@ class CausalLM:
             self._run(fed[: length - saved.length], keep=1, hidden=False)  # under the caller's grad mode
 
 
-def _head_reproduces(head: nn.Module, states: torch.Tensor, logits: torch.Tensor) -> bool:
-    """Whether the model's logits [n, V] are its LM head applied to its last hidden states [n, H]
-    (not so with logit soft-capping or scaling, or if the hidden states are taken before a norm)."""
-    mine = head(states)  # (n, V)
-    scale = float(logits.abs().max()) if logits.numel() else 1.0
-    return mine.shape == logits.shape and bool(torch.allclose(mine, logits, rtol=1e-3, atol=1e-3 * max(scale, 1.0)))
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _head_reproduces(config: object, head: nn.Module, states: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the model's logits [n, V] are its LM head applied to its last hidden states [n, H]:
+    not with logit soft-capping or scaling (read from the config, then checked numerically to a
+    few ulps of the hidden states' dtype), nor if the hidden states were taken before a norm."""
+    for name in _LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value is not None and value not in (0, 1, 1.0):
+            return False
+    mine = head(states).float()  # (n, V)
+    reference = logits.float()
+    if mine.shape != reference.shape:
+        return False
+    scale = max(float(reference.abs().max()), 1.0) if reference.numel() else 1.0
+    return bool((mine - reference).abs().max() <= 16 * torch.finfo(states.dtype).eps * scale)

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 import specdec
-from specdec import cli
+from specdec import cli, zoo
 from specdec.adaptive import AdaptiveDraftLength
 from specdec.bench.costs import forward_costs, ideal_speedup
 from specdec.bench.questions import load_questions, turn_prompt
 from specdec.bench.report import MEASURES, SCHEMA
-from specdec.bench.session import contenders_for
+from specdec.bench.session import contenders_for, drafts_trees
 from specdec.checkpoints import load_causal_lm, load_tokenizer
+from specdec.types import Draft
+from specdec.verifier import DraftError
 
 K = 3
 NEW = 12
@@ -154,6 +156,34 @@ def test_adaptive_draft_length_follows_the_heuristic_and_stays_lossless(quick_zo
             assert after in (min(8, before + 2), max(1, before - 1)) or after < before  # capped by the budget
     with pytest.raises(ValueError, match="starting draft length"):
         AdaptiveDraftLength(specdec.make_drafter("ngram"), start=0)
+
+
+def test_adaptive_draft_length_adapts_a_trees_depth_and_keeps_draft_errors(quick_zoo: Path):
+    model = load_causal_lm(quick_zoo / "target", dtype=torch.float64)
+    prompt = load_tokenizer(quick_zoo / "target")("def read(path):\n    ", add_special_tokens=False)["input_ids"]
+    plain = specdec.generate(model, prompt, max_new_tokens=30).tokens
+    options = zoo.drafter_options(quick_zoo)["eagle"]
+    drafter = AdaptiveDraftLength(specdec.make_drafter("eagle", **options, tree=True), start=2)
+    result = specdec.generate(model, prompt, drafter=drafter, num_draft_tokens=8, max_new_tokens=30)
+    assert result.tokens == plain
+    assert len(drafter.history) == len(drafter.requested) and len(set(drafter.requested)) > 1
+    assert all(1 <= depth <= asked for depth, asked in zip(drafter.history, drafter.requested))  # depth <= k_t
+    assert result.stats.drafted > sum(drafter.history)  # wider than deep
+
+    class BrokenTree:
+        name = "broken-tree"
+
+        def propose(self, ctx, k):
+            return Draft(ctx.tokens[:2].clone(), None, torch.tensor([0, -1]))
+
+    with pytest.raises(DraftError, match=r"broken-tree.*parents\[0\] = 0"):
+        specdec.generate(model, prompt, drafter=AdaptiveDraftLength(BrokenTree()), num_draft_tokens=4)
+
+
+def test_medusa_choices_make_a_tree_row():
+    assert drafts_trees("medusa", {"path": "x", "medusa_choices": "default"})
+    assert drafts_trees("ngram", {"branches": 2}) and not drafts_trees("ngram", {"branches": 1})
+    assert not drafts_trees("eagle", {"path": "x"}) and drafts_trees("eagle", {"path": "x", "tree": True})
 
 
 def test_forward_costs_leave_the_cache_empty_and_are_positive(quick_zoo: Path):

@@ -4,6 +4,8 @@ continuations through `specdec.generate` matching plain sampling's enumerated la
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT, TRUNCATED, chi_square_p_value, exact_distribution,
@@ -109,3 +111,28 @@ def test_a_drafter_equal_to_the_target_has_its_first_sampled_sibling_accepted_ev
                              sampling=PLAIN, seed=seed).stats for seed in range(5)]
     assert all(r.accepted_per_position[:3] == r.drafted_per_position[:3] for r in runs)
     assert sum(r.new_tokens for r in runs) / sum(r.steps for r in runs) > 3.5
+
+
+class CheckedDraftModel(DraftModelDrafter):
+    """After every commit, the draft model's cache must predict exactly what a fresh forward
+    over the committed tokens predicts (the accepted path was gathered into place)."""
+
+    def commit(self, ctx, num_accepted):
+        super().commit(ctx, num_accepted)
+        tokens = ctx.tokens
+        cached = self.lm.cache_length
+        assert cached <= tokens.shape[0] - 1
+        saved = copy.deepcopy(self.lm.cache)
+        logits, _ = self.lm.forward(tokens[cached:], keep=1)
+        self.lm.cache = saved
+        fresh = self.lm.model(input_ids=tokens[None]).logits[0, -1]
+        assert torch.allclose(logits[0], fresh, atol=1e-9), "the draft model's cache drifted from its tokens"
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), PLAIN], ids=["greedy", "t1"])
+def test_the_draft_models_cache_holds_exactly_the_committed_tokens_after_tree_steps(target, other_model,
+                                                                                  sampling: Sampling):
+    drafter = CheckedDraftModel(other_model, tree=True, top_k=3, total_tokens=9)
+    result = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=24,
+                              sampling=sampling, seed=3)
+    assert result.stats.accepted > 0 and len(result.tokens) == 24

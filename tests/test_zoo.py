@@ -86,10 +86,12 @@ def test_each_piece_reloads_through_its_drafter_and_keeps_greedy_parity(quick_zo
     for prompt in prompts:
         expected = hf_greedy(model, prompt, 20)
         for name, options in zoo.drafter_options(quick_zoo).items():
-            drafter = specdec.make_drafter(name, **options)
-            result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20)
-            assert result.tokens == expected, name
-            assert result.stats.drafted > 0, name
+            tree = specdec.plugins.drafter_class(name).tree_options
+            for mode in ({}, tree):  # the chain, then the drafter's token trees
+                drafter = specdec.make_drafter(name, **options, **mode)
+                result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20)
+                assert result.tokens == expected, (name, mode)
+                assert result.stats.drafted > 0, (name, mode)
 
 
 def test_two_builds_with_the_same_settings_give_identical_files(quick_zoo: Path, tmp_path: Path):

@@ -15,7 +15,7 @@ from specdec.bench.costs import ideal_speedup
 from specdec.bench.runner import Contender, Run
 from specdec.types import Stats, total_stats
 
-__all__ = ["MEASURES", "SCHEMA", "csv_text", "summarize", "table"]
+__all__ = ["MEASURES", "SCHEMA", "csv_text", "summarize", "table", "tree_sizes"]
 
 SCHEMA = "specdec-bench/1"
 MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "ideal_speedup",
@@ -51,12 +51,36 @@ def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, 
     }
     if costs and contender.drafter is not None and stats.steps:
         k_eff = max(1, round(stats.drafted / stats.steps))
-        table = tree_costs if contender.tree and tree_costs else costs
-        verify = table.get(k_eff + 1) or costs.get(k_eff + 1) or costs[max(costs)]
-        ideal = ideal_speedup(mal, costs[1], verify, stats.draft_seconds / stats.steps)
-        figures["ideal_speedup"] = ideal
-        figures["ideal_ratio"] = figures["speedup"] / ideal if figures["speedup"] and ideal else None
+        if contender.tree and tree_costs:  # a tree forward of k_eff nodes and the root
+            verify = tree_costs.get(k_eff + 1)
+        else:  # a chain (or a tree verified as its first path on a target that cannot run trees)
+            verify = costs.get(k_eff + 1) or costs[max(costs)]
+        if verify is not None:
+            ideal = ideal_speedup(mal, costs[1], verify, stats.draft_seconds / stats.steps)
+            figures["ideal_speedup"] = ideal
+            figures["ideal_ratio"] = figures["speedup"] / ideal if figures["speedup"] and ideal else None
     return figures
+
+
+def _groups(runs: Sequence[Run], contender: Contender) -> list[tuple[str, list[Stats]]]:
+    """(category, the stats of one repeat) for every category ("all" included) and repeat: the
+    groups each record's figures are computed over."""
+    categories = sorted({r.category for r in runs}) + ["all"]
+    mine = [r for r in runs if r.contender == contender.label]
+    return [(category, [r.stats for r in mine if r.repeat == repeat and category in ("all", r.category)])
+            for category in categories for repeat in sorted({r.repeat for r in runs})]
+
+
+def tree_sizes(runs: Sequence[Run], contenders: Sequence[Contender]) -> list[int]:
+    """The tree forward sizes (nodes per step + the root) the tree rows' ideal speedups need."""
+    sizes = set()
+    for contender in contenders:
+        if contender.tree:
+            for _, group in _groups(runs, contender):
+                stats = total_stats(group)
+                if stats.steps:
+                    sizes.add(max(1, round(stats.drafted / stats.steps)) + 1)
+    return sorted(sizes)
 
 
 def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[int, float] | None,

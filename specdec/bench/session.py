@@ -14,7 +14,7 @@ import torch
 
 from specdec.bench.costs import forward_costs, tree_forward_costs
 from specdec.bench.questions import Question, from_prompts, load_questions
-from specdec.bench.report import SCHEMA, csv_text, summarize
+from specdec.bench.report import SCHEMA, csv_text, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.types import Sampling
 from specdec.versions import software_versions
@@ -42,21 +42,20 @@ class BenchConfig:
 
 
 def drafts_trees(name: str, options: dict[str, Any]) -> bool:
-    """Whether `options` switch on the tree mode the drafter declares in its `tree_options`
-    class attribute (e.g. eagle's {"tree": True}, ngram's {"branches": 4})."""
+    """Whether the drafter drafts token trees with `options`: its class's `drafts_trees(options)`
+    when it has one, else whether `options` hold every entry of its `tree_options` class
+    attribute (the options the bench's NAME+tree row adds, e.g. eagle's {"tree": True})."""
     from specdec.plugins import drafter_class
 
     try:
-        declared = getattr(drafter_class(name), "tree_options", None) or {}
+        cls = drafter_class(name)
     except (KeyError, ValueError):
         return False
-    if not declared:
-        return False
-    for key, value in declared.items():
-        given = options.get(key)
-        if given is None or given is False or given == 1 and key == "branches":
-            return False
-    return True
+    decide = getattr(cls, "drafts_trees", None)
+    if callable(decide):
+        return bool(decide(options))
+    declared = getattr(cls, "tree_options", None) or {}
+    return bool(declared) and all(options.get(key) == value for key, value in declared.items())
 
 
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool
@@ -142,8 +141,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
     target = CausalLM(model)
     costs = forward_costs(target, prefix, sizes)
-    tree_sizes = _tree_sizes(runs, contenders)
-    tree_costs = tree_forward_costs(target, prefix, tree_sizes) if tree_sizes and target.tree_obstacle is None else {}
+    needed = tree_sizes(runs, contenders)
+    tree_costs = tree_forward_costs(target, prefix, needed) if needed and target.tree_obstacle is None else {}
     records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs)
     document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
@@ -159,14 +158,3 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     (out / "results.csv").write_text(csv_text(records))
     return records, document
 
-
-def _tree_sizes(runs: Sequence[Any], contenders: Sequence[Contender]) -> list[int]:
-    """Rows of the mean tree forward of each tree contender (nodes per step + the root)."""
-    sizes = set()
-    for contender in contenders:
-        if contender.tree:
-            steps = sum(r.stats.steps for r in runs if r.contender == contender.label)
-            drafted = sum(r.stats.drafted for r in runs if r.contender == contender.label)
-            if steps:
-                sizes.add(max(1, round(drafted / steps)) + 1)
-    return sorted(sizes)
