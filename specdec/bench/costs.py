@@ -22,30 +22,34 @@ def _synchronize(device: torch.device) -> None:
 def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int,
                   step: Callable[[torch.Tensor, int], None]) -> dict[int, float]:
     """Median seconds of `step(ids, base)` for n new ids after `prefix` [P] is cached, per n in
-    `sizes`; the cache is rolled back to the prefix after each, and emptied at the end."""
+    `sizes`; the cache is rolled back to the prefix after each, and emptied at the end.
+
+    The sizes are timed round-robin (one of each per round, after a warm-up round), so a slow
+    spell of the machine touches every size alike rather than the ones measured during it.
+    """
     if prefix.numel() < 1:
         raise ValueError("forward_costs needs a non-empty prefix")
     lm.reset()
     lm.forward(prefix.to(lm.device), keep=1)
     base = lm.cache_length
-    costs: dict[int, float] = {}
-    for n in sorted(set(sizes)):
-        ids = prefix[-1:].repeat(n).to(lm.device)
-        times = []
-        for _ in range(repeats + 1):  # the first is a warm-up
+    ordered = sorted(set(sizes))
+    inputs = {n: prefix[-1:].repeat(n).to(lm.device) for n in ordered}
+    times: dict[int, list[float]] = {n: [] for n in ordered}
+    for round_index in range(repeats + 1):  # round 0 is a warm-up
+        for n in ordered:
             _synchronize(lm.device)
             start = time.perf_counter()
-            step(ids, base)
+            step(inputs[n], base)
             _synchronize(lm.device)
-            times.append(time.perf_counter() - start)
+            if round_index:
+                times[n].append(time.perf_counter() - start)
             lm.rollback(base)
-        costs[n] = statistics.median(times[1:])
     lm.reset()
-    return costs
+    return {n: statistics.median(values) for n, values in times.items()}
 
 
 @torch.inference_mode()
-def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 7) -> dict[int, float]:
+def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15) -> dict[int, float]:
     """Median seconds of a forward of n tokens after `prefix` [P] is cached, for each n in `sizes`.
 
     The cache is rolled back after each forward, so every timing sees the same prefix; the
@@ -59,7 +63,7 @@ def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
 
 
 @torch.inference_mode()
-def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 7) -> dict[int, float]:
+def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15) -> dict[int, float]:
     """Median seconds of a tree verify forward of n rows (the root and n - 1 nodes) after `prefix`:
     the 4D-masked forward, the LM head on the root's row, and gathering the path back into place.
 
