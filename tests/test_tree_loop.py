@@ -31,13 +31,13 @@ from specdec.target import CausalLM
 from specdec.trees import depths, first_path, path_to
 from specdec.types import Draft
 from specdec.verifier import DraftError
+from test_greedy_parity import VOCAB, _target
 from test_hybrid import gated_delta_float64, tiny_hybrid
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as STAT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution, sample_counts)
 from test_verifier_tree import verify_tree_siblings_against_p, verify_tree_stale_bonus
 from tiny import hf_greedy, tiny_model
 
-VOCAB = 64
 PROMPT = [5, 9, 14, 22, 5, 9, 14, 22, 5, 9, 14]
 NEW_TOKENS = 24
 TREE_ARCHITECTURES = ("llama", "qwen3", "gpt2")
@@ -45,11 +45,6 @@ EXACT = dict(rtol=0.0, atol=1e-9)
 # transformers' eager attention takes its softmax in float32 whatever the model's dtype, so a
 # tree row and the plain run of its path (different key sets) agree to float32 rounding only
 EAGER = dict(rtol=0.0, atol=1e-6)
-
-
-@functools.lru_cache(maxsize=None)
-def _target(arch: str) -> PreTrainedModel:
-    return tiny_model(arch, vocab_size=VOCAB, seed=0)
 
 
 @functools.lru_cache(maxsize=None)
