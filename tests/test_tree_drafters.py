@@ -18,8 +18,8 @@ from transformers import PreTrainedModel
 import specdec
 from specdec import Draft, DraftContext, Sampling
 from specdec.cli import parse_drafter_spec
-from specdec.drafters.medusa import (HEAD_DECAY, HEAD_TOP1, RANK_DECAY, MedusaDrafter, check_medusa_choices,
-                                     default_medusa_choices)
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.drafters.medusa_choices import HEAD_DECAY, HEAD_TOP1, RANK_DECAY, check_medusa_choices, default_medusa_choices
 from specdec.drafters.ngram import NgramDrafter, NgramIndex
 from specdec.target import CausalLM
 from specdec.trees import children, depths
