@@ -186,15 +186,15 @@ def _draw_children(search: TreeSearch, logits: torch.Tensor, parents: list[int],
     for i, (parent, count) in enumerate(zip(parents, counts)):
         if count <= 0:
             continue
-        drawn = torch.multinomial(q[i], count, replacement=True, generator=generator).tolist()
+        drawn = torch.multinomial(q[i], count, replacement=True, generator=generator)  # (count,)
         base = search.values[parent] if parent >= 0 else 0.0
         depth = search.depths[parent] + 1 if parent >= 0 else 1
-        for token in drawn:
+        for token, value in zip(drawn.tolist(), log_values[i, drawn].tolist()):
             made.append(len(search.tokens))
             search.tokens.append(token)
             search.parents.append(parent)
             search.depths.append(depth)
-            search.values.append(base + float(log_values[i, token]))
+            search.values.append(base + value)
             search.rows.append(q[i])
     return made
 

@@ -134,7 +134,6 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             else:
                 verdict = verify_tree(lambda row: probabilities(tree.row(row), sampling), draft.tokens, parents,
                                       draft.probs, generator)
-            logits = tree.all() if trace is not None else tree.row(0)[None]
         emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
         m = len(emitted)
         tokens[length + verdict.num_accepted : length + m] = verdict.tokens[verdict.num_accepted : m]
@@ -169,7 +168,8 @@ def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int,
             step_draft += time.perf_counter() - tick
         draft_seconds += step_draft
         if trace is not None:
-            trace.record(draft, logits, sampling, verdict, m, step_draft, step_verify, parents)
+            shown = logits if parents is None else tree.all()  # a tree's rows, computed for the trace only
+            trace.record(draft, shown, sampling, verdict, m, step_draft, step_verify, parents)
         if emitted and emitted[-1] in stop_ids:
             break
 

@@ -722,28 +722,21 @@ FULL_DEPTH = [([-1, -1], "top", 3, 0), ([-1, -1], "shared", 3, 1), ([-1, -1, 1, 
               ([-1, -1, 0, 1, 1], "mixed", 3, 6), ([-1, 0, 0, -1, 3], "arbitrary", 3, 4)]
 
 
-@pytest.mark.parametrize(("verify", "lossless"), [
-    pytest.param(verify_tree, True, id="verify_tree"),
-    pytest.param(verify_tree_stale_bonus, False, id="stale-residual-bonus-is-caught"),
+@pytest.mark.parametrize(("verify", "lossless", "rule"), [
+    pytest.param(verify_tree, True, "bonus and residual chain", id="verify_tree"),
+    pytest.param(verify_tree_stale_bonus, False, "bonus after a full-depth acceptance",
+                 id="stale-residual-bonus-is-caught"),
+    pytest.param(verify_tree_siblings_against_p, False, "residual chain over siblings",
+                 id="siblings-against-p-is-caught"),
 ])
-def test_bonus_after_full_depth_acceptance_comes_from_the_leafs_own_row(verify: Verify, lossless: bool) -> None:
+def test_full_depth_bonus_and_sibling_residuals(verify: Verify, lossless: bool, rule: str) -> None:
+    """The bonus after a full-depth acceptance comes from the leaf's own row, and each rejected
+    sibling leaves its residual for the next: the real verifier passes, each broken twin is flagged."""
     errors = []
     for parents, mode, vocab, seed in FULL_DEPTH:
         model = PrefixModel(seed, vocab)
         errors.append(lossless_error(model, marginal_verifier_law(verify, model, parents, mode), depth_of(parents) + 1))
-    assert_flags(lossless, errors, "bonus after a full-depth acceptance")
-
-
-@pytest.mark.parametrize(("verify", "lossless"), [
-    pytest.param(verify_tree, True, id="verify_tree"),
-    pytest.param(verify_tree_siblings_against_p, False, id="siblings-against-p-is-caught"),
-])
-def test_each_rejected_sibling_leaves_its_residual(verify: Verify, lossless: bool) -> None:
-    errors = []
-    for parents, mode, vocab, seed in FULL_DEPTH:
-        model = PrefixModel(seed, vocab)
-        errors.append(lossless_error(model, marginal_verifier_law(verify, model, parents, mode), depth_of(parents) + 1))
-    assert_flags(lossless, errors, "residual chain over siblings")
+    assert_flags(lossless, errors, rule)
 
 
 # i.i.d. siblings from one row over a small vocabulary, duplicates frequent. At the root the
