@@ -45,7 +45,9 @@ class DraftModelDrafter:
     chosen nodes run in one tree-masked forward of the draft model, and after the verify the
     keys and values of the accepted path are gathered into place in its cache (they are exact:
     the draft model saw those very tokens), so nothing is recomputed. Options as for eagle; at
-    temperature > 0 the siblings are i.i.d. samples, as for eagle.
+    temperature > 0 the siblings are i.i.d. samples, as for eagle. Its cache is static and its
+    steps fixed-shape like the target's (one row, k + 1 rows, top_k tree rows), compiled when
+    the generation compiles.
     """
 
     name: ClassVar[str] = "draft-model"
@@ -59,6 +61,7 @@ class DraftModelDrafter:
         self.lm = CausalLM(_load(model))
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
+        self._max_draft = 0  # the loop's k in this generation
 
     def prefill(self, ctx: DraftContext) -> None:
         if self.lm.vocab_size != ctx.vocab_size:
@@ -72,9 +75,21 @@ class DraftModelDrafter:
         if self.lm.device != ctx.target.device:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")
-        self.lm.reset()
-        if ctx.tokens.shape[0] > 1:
+        k = ctx.engine.max_draft
+        tree_rows = k * self.tree.top_k if self.tree is not None else k
+        capacity = ctx.engine.capacity(extra=k + 1 + tree_rows) if ctx.engine.max_length else None
+        self.lm.reset(capacity, compile=ctx.engine.compile)
+        self._max_draft = k
+        if ctx.tokens.shape[0] > 1:  # eager: the prompt's length varies
             self.lm.forward(ctx.tokens[:-1], keep=1)
+
+    def max_draft_nodes(self, k: int) -> int:
+        return k if self.tree is None else self.tree.total_tokens
+
+    def _feed(self, pending: torch.Tensor) -> torch.Tensor:
+        """Run the committed ids not yet in the cache (one, or up to k + 1 padded to that); (1, V)."""
+        rows = 1 if pending.shape[0] == 1 else self._max_draft + 1 if pending.shape[0] <= self._max_draft + 1 else None
+        return self.lm.forward(pending, keep=1, rows=rows)[0]
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._committed = ctx.tokens.shape[0]
@@ -92,29 +107,33 @@ class DraftModelDrafter:
             return self._propose_tree(ctx, k, pending)
         drafted: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []
-        for _ in range(k):
-            logits, _ = self.lm.forward(pending, keep=1)  # (1, V)
+        logits = self._feed(pending)  # (1, V)
+        for i in range(k):
             token, probs = sample(logits, ctx.sampling, ctx.generator)
             drafted.append(token)
             if probs is not None:
                 rows.append(probs)
-            pending = token
+            if i + 1 < k:  # the logits after the last draft are never needed
+                logits, _ = self.lm.forward(token, keep=1, rows=1)
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
 
     def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:
         """Run the pending ids (the cache then holds all T committed ids), then grow the tree,
         a depth-d node at position T - 1 + d seeing the committed ids and its ancestors."""
         assert self.tree is not None
-        logits, _ = self.lm.forward(pending, keep=1)  # (1, V)
+        logits = self._feed(pending)  # (1, V)
         committed = ctx.tokens.shape[0]
-        columns = TreeColumns(committed)
+        columns = TreeColumns(committed, self.lm.mask_width, rows=self.tree.top_k)
 
         def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
-            tokens = torch.tensor([search.tokens[n] for n in nodes], device=self.lm.device)  # (f,)
-            positions = torch.full((len(nodes),), committed - 1 + search.depths[nodes[0]], device=self.lm.device)
+            rows = columns.padded(len(nodes))  # one shape per depth: padded to top_k rows
+            tokens = torch.tensor([search.tokens[n] for n in nodes] + [0] * (rows - len(nodes)),
+                                  device=self.lm.device)  # (rows,)
+            positions = torch.full((rows,), committed - 1 + search.depths[nodes[0]], device=self.lm.device)
             visible = columns.visible(search, nodes, self.lm.device)
-            out, _ = self.lm.forward_masked(tokens, positions, visible, keep=len(nodes))
-            return out  # (f, V)
+            out, _ = self.lm.forward_masked(tokens, positions, visible, keep=rows)
+            self.lm.rollback(self.lm.cache_length - (rows - len(nodes)))  # the padding is stale
+            return out[: len(nodes)]  # (f, V)
 
         draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
         self._columns = columns

@@ -33,8 +33,9 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
-from specdec.cache import cache_length, crop_cache, new_cache
-from specdec.drafters.feature_pairs import pending_pairs
+from specdec.cache import new_cache
+from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
@@ -179,7 +180,8 @@ class EagleDrafter:
     depth levels at most (None: the loop's k), node values at value_temperature; at temperature
     > 0 the siblings are i.i.d. draws from the head's processed distribution instead (reported
     as q), total_tokens split evenly over the levels. Otherwise a chain, sampled from the head's
-    processed distribution at temperature > 0.
+    processed distribution at temperature > 0. The head's cache is static and its steps
+    fixed-shape (`specdec.drafters.head_steps`), compiled when the generation compiles.
     """
 
     name: ClassVar[str] = "eagle"
@@ -190,31 +192,36 @@ class EagleDrafter:
                  depth: int | None = None, value_temperature: float = 1.0) -> None:
         self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_eagle(path)
-        self.cache: Cache = self.head.new_cache()
+        self.steps = HeadSteps(self.head, self.head, "the EAGLE head")
         self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position
         self._real = 0  # cache entries from real pairs at the last propose
 
     @property
     def cache_length(self) -> int:
-        return cache_length(self.cache)
+        return self.steps.length
+
+    def max_draft_nodes(self, k: int) -> int:
+        return k if self.tree is None else self.tree.total_tokens
 
     def prefill(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
-        self.cache = self.head.new_cache()
+        k = ctx.engine.max_draft
+        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1), device=ctx.target.device)
         self._feature = None
-        self._feed_pending(ctx)
+        self._feed_pending(ctx, eager=True)
 
-    def _feed_pending(self, ctx: DraftContext) -> None:
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
         """Feed the real pairs (x_{j+1}, f_j) not yet in the cache; keep the last predicted feature."""
-        pairs = pending_pairs(ctx, self.cache_length, "eagle")
+        pairs = pending_pairs(ctx, self.steps.length, "eagle")
         if pairs is not None:
             embeds, features, positions = pairs
-            self._feature = self.head(embeds, features, positions, self.cache)[-1:]  # (1, H)
+            rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)
+            self._feature = self.steps(rows, embeds, features, positions)[-1:]  # (1, H)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._feed_pending(ctx)
-        self._real = self.cache_length
+        self._real = self.steps.length
         if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
@@ -230,15 +237,15 @@ class EagleDrafter:
             if probs is not None:
                 rows.append(probs)
             if i + 1 < k:  # the feature after the last draft is never needed
-                feature = self.head(embed(token), feature, positions[i : i + 1], self.cache)  # (1, H)
+                feature = self.steps(1, embed(token), feature, positions[i : i + 1])  # (1, H)
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
         """Grow a dynamic tree: each depth's chosen nodes run as pairs (d, f̂ of the parent) in one
-        forward on top of the real entries, at position T - 2 + depth."""
+        forward (padded to top_k rows) on top of the real entries, at position T - 2 + depth."""
         assert self.tree is not None
         lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
-        columns = TreeColumns(self.cache_length)
+        columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
         outputs: dict[int, torch.Tensor] = {}  # expanded node -> its predicted feature [H]
         start = ctx.tokens.shape[0] - 2
 
@@ -247,8 +254,9 @@ class EagleDrafter:
             parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
                                    for n in nodes])  # (f, H)
             positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
+            rows = columns.padded(len(nodes))
             mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
-            features = self.head(embed(tokens), parents, positions, self.cache, mask)  # (f, H)
+            features = self.steps(rows, embed(tokens), parents, positions, mask=mask)  # (f, H)
             outputs.update(zip(nodes, features))
             return lm_head(features)  # (f, V)
 
@@ -258,5 +266,5 @@ class EagleDrafter:
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # Entries past the real pairs came from drafted features: drop them. The accepted
         # positions return as real pairs from ctx.hidden_states at the next propose.
-        crop_cache(self.cache, min(self._real, self.cache_length))
+        self.steps.kv.rollback(min(self._real, self.steps.length))
         self._feature = None

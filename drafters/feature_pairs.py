@@ -11,7 +11,7 @@ import torch
 
 from specdec.protocols import DraftContext
 
-__all__ = ["pending_pairs"]
+__all__ = ["pending_pairs", "pending_rows"]
 
 
 def pending_pairs(ctx: DraftContext, cached: int, drafter: str
@@ -32,3 +32,12 @@ def pending_pairs(ctx: DraftContext, cached: int, drafter: str
     features = states[states.shape[0] - (end - start) :]  # (P, H) f_start .. f_{end-1}
     embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
     return embeds, features, torch.arange(start, end, device=features.device)
+
+
+def pending_rows(pending: int, max_draft: int) -> int | None:
+    """The fixed number of rows a forward of `pending` pairs is padded to: one (the usual case
+    after a rejection), else the loop's k + 1 (after a verify accepted the whole draft); None
+    (unpadded, eager) for more than that, as after a prefill."""
+    if pending == 1:
+        return 1
+    return max_draft + 1 if pending <= max_draft + 1 else None

@@ -36,6 +36,7 @@ from torch import nn
 
 from specdec.drafters.medusa_choices import (DEFAULT_MAX_RANK, PRESETS, ChoiceLayout, check_medusa_choices,
                                             choice_layout, default_medusa_choices)
+from specdec.engine import Step
 from specdec.protocols import DraftContext
 from specdec.sampling import probabilities
 from specdec.types import Draft
@@ -241,6 +242,10 @@ class MedusaDrafter:
                              "holds their deterministic top-k candidates; choose one")
         self._layouts: dict[tuple[int, torch.device], ChoiceLayout] = {}
         self._last: torch.Tensor | None = None  # (1, H) hidden state of tokens[-2]
+        self._step = Step(self.heads, "the Medusa heads", False, torch.device("cpu"))
+
+    def max_draft_nodes(self, k: int) -> int:
+        return min(k, self.heads.num_heads) if self.choices is None else len(self.choices)
 
     def prefill(self, ctx: DraftContext) -> None:
         target = ctx.target
@@ -254,7 +259,14 @@ class MedusaDrafter:
             with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, trainable later
                 self.heads.to(device=target.device, dtype=target.dtype)
         self._last = None
+        self._step = Step(self.heads, "the Medusa heads", ctx.engine.compile, target.device, key=(MedusaHeads,))
         self._remember(ctx)
+
+    def _logits(self) -> torch.Tensor:
+        """Every head's logits [K, V] at the newest hidden row (all heads: one shape whatever k)."""
+        assert self._last is not None
+        with torch.no_grad():
+            return self._step(self._last)[:, 0]
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._remember(ctx)
@@ -263,8 +275,7 @@ class MedusaDrafter:
             return Draft(ctx.tokens[:0])
         if self.choices is not None:
             return self._propose_tree(count)
-        with torch.no_grad():
-            logits = self.heads(self._last, count)[:, 0]  # (k', V)
+        logits = self._logits()[:count]  # (k', V)
         if self.sample and not ctx.sampling.greedy:
             q = probabilities(logits, ctx.sampling)  # (k', V)
             tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)  # (k',)
@@ -278,8 +289,7 @@ class MedusaDrafter:
         if key not in self._layouts:
             self._layouts[key] = choice_layout(self.choices, depth, self._last.device)
         layout = self._layouts[key]
-        with torch.no_grad():
-            logits = self.heads(self._last, layout.count)[:, 0]  # (heads used, V)
+        logits = self._logits()[: layout.count]  # (heads used, V)
         top = logits.topk(layout.ranks, dim=-1).indices  # (heads used, ranks)
         return Draft(top[layout.heads, layout.rank_of], parents=layout.parents)
 

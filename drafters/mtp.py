@@ -30,10 +30,9 @@ from typing import Any, ClassVar, cast
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
-from transformers.cache_utils import Cache
 
-from specdec.cache import cache_length, crop_cache
-from specdec.drafters.feature_pairs import pending_pairs
+from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
@@ -189,14 +188,21 @@ class MtpDrafter:
         self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_mtp(path)
         self.sample = bool(sample)
-        self.cache: Cache = self.head.new_cache()
+        self.steps = HeadSteps(self.head, self.head, "the MTP module")
         self._feature: torch.Tensor | None = None  # [1, H] fed-back feature at the last committed position
         self._logit_input: torch.Tensor | None = None  # [1, H] normed output giving d_1
         self._real = 0
 
     @property
     def cache_length(self) -> int:
-        return cache_length(self.cache)
+        return self.steps.length
+
+    def max_draft_nodes(self, k: int) -> int:
+        return k if self.tree is None else self.tree.total_tokens
+
+    def _stage(self, depth: int) -> int:
+        """The stage that runs `depth` (0-based): the last one for depths beyond the stages."""
+        return min(depth, len(self.head.stages) - 1)
 
     def prefill(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
@@ -204,16 +210,18 @@ class MtpDrafter:
         experts = getattr(ctx.target.config, "_experts_implementation", None)
         if experts is not None:  # run MoE experts with the target's kernels (float64 needs "eager")
             self.head.layer_config._experts_implementation = experts
-        self.cache = self.head.new_cache()
+        k = ctx.engine.max_draft
+        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1), device=ctx.target.device)
         self._feature = self._logit_input = None
-        self._feed_pending(ctx)
+        self._feed_pending(ctx, eager=True)
 
-    def _feed_pending(self, ctx: DraftContext) -> None:
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
         """Feed the real pairs (x_{j+1}, h_j) not yet in the cache through stage 0."""
         pairs = pending_pairs(ctx, self.cache_length, "mtp")
         if pairs is not None:
             embeds, features, positions = pairs
-            feature, logit_input = self.head(0, embeds, features, positions, self.cache)
+            rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)
+            feature, logit_input = self.steps(rows, 0, embeds, features, positions)
             self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
 
     def _draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,7 +248,7 @@ class MtpDrafter:
                 rows.append(probs)
             if i + 1 < k:  # depth i + 2 uses stage i + 1 (the last beyond)
                 position = torch.tensor([start + i], device=feature.device)
-                feature, logit_input = self.head(i + 1, embed(token), feature, position, self.cache)
+                feature, logit_input = self.steps(1, self._stage(i + 1), embed(token), feature, position)
         return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
@@ -248,7 +256,7 @@ class MtpDrafter:
         feature, in one forward per depth on top of the real entries, at position T - 2 + d."""
         assert self.tree is not None
         lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
-        columns = TreeColumns(self.cache_length)
+        columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
         outputs: dict[int, torch.Tensor] = {}  # expanded node -> its fed-back feature [H]
         start = ctx.tokens.shape[0] - 2
 
@@ -258,8 +266,9 @@ class MtpDrafter:
             parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
                                    for n in nodes])  # (f, H)
             positions = torch.full((len(nodes),), start + depth, device=root.device)
+            rows = columns.padded(len(nodes))
             mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
-            fed_back, logit_input = self.head(depth, embed(tokens), parents, positions, self.cache, mask)
+            fed_back, logit_input = self.steps(rows, self._stage(depth), embed(tokens), parents, positions, mask=mask)
             outputs.update(zip(nodes, fed_back))
             return lm_head(logit_input)  # (f, V)
 
@@ -268,6 +277,6 @@ class MtpDrafter:
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        crop_cache(self.cache, min(self._real, self.cache_length))  # drop drafted entries
+        self.steps.kv.rollback(min(self._real, self.cache_length))  # drop drafted entries
         self._feature = self._logit_input = None
 

@@ -132,6 +132,9 @@ class NgramDrafter:
         self.branches = branches
         self._index = NgramIndex(min_ngram, max_ngram, branches)
 
+    def max_draft_nodes(self, k: int) -> int:
+        return self.branches * k  # a trie of at most `branches` continuations of k tokens
+
     def prefill(self, ctx: DraftContext) -> None:
         self._index = NgramIndex(self.min_ngram, self.max_ngram, self.branches)
 

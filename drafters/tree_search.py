@@ -203,24 +203,36 @@ class TreeColumns:
     """Where the expanded nodes sit in a drafter's own cache, after `real` committed entries.
 
     `visible` gives the attention mask of one depth's forward: each node sees the committed
-    entries, its ancestors' entries and itself, as in the target's tree forward.
+    entries, its ancestors' entries and itself, as in the target's tree forward. With `rows`,
+    each forward is padded to that many rows (a fixed shape): a pad row sees only itself and
+    its entry is rolled back after the forward, so the next depth's nodes follow the real ones.
+    `width(rows)` gives the mask's columns: a static cache's capacity, or the entries so far
+    plus the forward's rows.
     """
 
-    def __init__(self, real: int) -> None:
+    def __init__(self, real: int, width: Callable[[int], int] | None = None, rows: int | None = None) -> None:
         self.real = real
         self.length = real
+        self.rows = rows
+        self._width = width
         self.column: dict[int, int] = {}  # search node id -> cache position
 
+    def padded(self, count: int) -> int:
+        """Rows of the forward that runs `count` nodes."""
+        return max(count, self.rows or 0)
+
     def visible(self, search: TreeSearch, nodes: list[int], device: torch.device) -> torch.Tensor:
-        """Bool [len(nodes), length + len(nodes)] for running `nodes` next; records their columns."""
-        mask = torch.zeros(len(nodes), self.length + len(nodes), dtype=torch.bool)
-        mask[:, : self.real] = True
+        """Bool [padded(len(nodes)), width] for running `nodes` next; records their columns."""
+        rows = self.padded(len(nodes))
+        width = self._width(rows) if self._width is not None else self.length + rows
+        mask = torch.zeros(rows, width, dtype=torch.bool)
+        mask[: len(nodes), : self.real] = True
         for i, node in enumerate(nodes):
             ancestor = search.parents[node]
             while ancestor >= 0:
                 mask[i, self.column[ancestor]] = True
                 ancestor = search.parents[ancestor]
-            mask[i, self.length + i] = True
+        mask[torch.arange(rows), self.length + torch.arange(rows)] = True  # every row sees itself
         for i, node in enumerate(nodes):
             self.column[node] = self.length + i
         self.length += len(nodes)

@@ -1,11 +1,21 @@
-"""KV caches of transformers models: creation, length, crops, and snapshots of recurrent state.
+"""KV caches of transformers models: static and dynamic caches, their length, rollback, the
+gathering of a tree's accepted path, and snapshots of recurrent state.
 
 All knowledge of transformers' cache classes lives here (transformers 5.x: `DynamicCache.crop`
-takes a negative count of tokens to remove). With `activate_past_recording`, sliding-window
-layers and the conv states of linear-attention layers keep what a crop needs, so `crop` cuts
-them back exactly. The recurrent state of a linear-attention layer (GatedDeltaNet, SSM) is a
-running sum that no crop can undo: `snapshot` copies it (fixed size) before a forward, and
-`restore` crops everything else and copies it back; the caller replays the ids in between.
+takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumulative_length`).
+
+- Static (`KV` with a capacity): every full-attention layer is preallocated for `capacity`
+  positions. A forward writes its rows at the cache's length; a rollback only sets the length:
+  nothing is copied, the stale entries beyond it are masked (by causality, or by a tree's mask)
+  and overwritten by the next forward, as in gpt-fast. Fixed shapes, so compiled graphs and CUDA
+  graphs can replay.
+- Dynamic (`KV` without one): transformers' `DynamicCache`, grown by concatenation and cropped.
+  With `activate_past_recording`, sliding-window layers and the conv states of linear-attention
+  layers keep what a crop needs, so `crop` cuts them back exactly. The recurrent state of a
+  linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: `snapshot`
+  copies it (fixed size) before a forward, and `restore` crops everything else and copies it
+  back; the caller replays the ids in between. Models with such layers, or with sliding windows,
+  always take the dynamic cache (`static_obstacle` says why).
 """
 
 from __future__ import annotations
@@ -15,15 +25,17 @@ from typing import Any, cast
 
 import torch
 import transformers
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DynamicLayer,
-                                      LinearAttentionCacheLayerMixin)
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
+                                      LinearAttentionCacheLayerMixin, StaticLayer)
 
-__all__ = ["Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions", "has_recurrent_state",
-           "new_cache", "restore", "snapshot", "tree_obstacle", "uncroppable_layers"]
+__all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions",
+           "has_recurrent_state", "new_cache", "restore", "snapshot", "static_capacity", "static_obstacle",
+           "tree_obstacle", "uncroppable_layers"]
 
 MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
 _STATELESS_LAYER_TYPES = ("moe", "mlp")  # cache layers transformers replaces with dummies
+CAPACITY_STEP = 256  # static caches are sized in multiples of this, so nearby lengths share compiled graphs
 
 
 def check_transformers() -> None:
@@ -131,7 +143,8 @@ def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
     """Why `model` cannot verify a token tree in one forward, or None when it can.
 
     A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
-    can be gathered: full-attention layers only (no sliding window, no recurrent state).
+    can be gathered: full-attention layers only, dynamic or static (no sliding window, no
+    recurrent state).
     """
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     if attention not in _TREE_ATTENTION:
@@ -140,7 +153,7 @@ def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
     for layer in cache.layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             return "it has linear-attention layers, whose recurrent state cannot hold a tree's branches"
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in (DynamicLayer, StaticLayer, DummyLayer):
             return f"its {type(layer).__name__} cache layers cannot gather a tree's accepted path"
     return None
 
@@ -158,8 +171,109 @@ def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
         source = torch.tensor(rows, dtype=torch.long) + base
         for layer in cache.layers:
             kv = cast(Any, layer)  # full-attention layers (`tree_obstacle` keeps the others out)
-            if getattr(kv, "is_initialized", False) and kv.keys is not None and kv.keys.numel():
+            if getattr(kv, "keys", None) is not None and kv.keys.numel():
                 index = source.to(kv.keys.device)
                 kv.keys[..., base : base + len(rows), :] = kv.keys[..., index, :]
                 kv.values[..., base : base + len(rows), :] = kv.values[..., index, :]
     crop_cache(cache, base + len(rows))
+
+
+def static_capacity(positions: int) -> int:
+    """The size of a static cache holding `positions`: rounded up to a multiple of CAPACITY_STEP."""
+    return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP
+
+
+def static_obstacle(owner: Any) -> str | None:
+    """Why `owner` (a model, or a drafter head with a `.config`) cannot run on a static cache, or None.
+
+    A static cache serves full-attention layers (and stateless MoE/MLP layers). Sliding windows
+    keep a ring buffer that cannot be rolled back, and linear-attention state rolls back only by
+    snapshot and replay; both stay on the dynamic cache.
+    """
+    for layer in new_cache(owner).layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            return "its linear-attention layers roll back by snapshot and replay, on a dynamic cache"
+        if type(layer) is not DynamicLayer and not isinstance(layer, DummyLayer):
+            return f"its {type(layer).__name__} cache layers (sliding windows) cannot be rolled back in a static cache"
+    return None
+
+
+class KV:
+    """One model's KV cache and the number of positions it holds.
+
+    The length is kept on the host, so reading it never waits for the device. With a capacity
+    the cache is static (preallocated; rollback sets the length); without one it is dynamic.
+    `owner` is a model or a drafter head: anything whose `.config` describes its layers.
+    """
+
+    def __init__(self, owner: Any, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.cache: Cache = new_cache(owner) if capacity is None else StaticCache(config=owner.config,
+                                                                                   max_cache_len=capacity)
+        self.length = 0
+        self._layers = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]
+
+    @property
+    def static(self) -> bool:
+        return self.capacity is not None
+
+    def fits(self, capacity: int | None, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether this static cache can be reused for `capacity` positions of `dtype` on `device`."""
+        if capacity is None or self.capacity != capacity:
+            return False
+        return all(layer.keys.dtype == dtype and layer.keys.device == device
+                   for layer in self._layers if layer.is_initialized)
+
+    @property
+    def initialized(self) -> bool:
+        """Whether a static cache's buffers exist (transformers allocates them on the first write)."""
+        return all(layer.is_initialized for layer in self._layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the keys and values."""
+        total = 0
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor):
+                    total += tensor.numel() * tensor.element_size()
+        return total
+
+    def reserve(self, rows: int) -> None:
+        """Check that a forward of `rows` rows fits after the held positions."""
+        if self.capacity is not None and self.length + rows > self.capacity:
+            raise ValueError(f"a forward of {rows} rows after {self.length} cached positions overflows the static "
+                             f"cache of {self.capacity} positions; size it for the whole generation")
+
+    def advanced(self, rows: int) -> None:
+        """Record that a forward appended `rows` positions."""
+        self.length += rows
+
+    def mask_width(self, rows: int) -> int:
+        """Columns of the 4D mask of a forward of `rows` rows: the capacity, or the cached positions plus rows."""
+        return self.capacity if self.capacity is not None else self.length + rows
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions (a recurrent state is the caller's business: `restore`)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
+        if self.capacity is None:
+            crop_cache(self.cache, length)
+        else:
+            for layer in self._layers:
+                layer.cumulative_length.fill_(length)
+        self.length = length
+
+    def gather(self, base: int, rows: list[int]) -> None:
+        """Keep positions [0, base), then base + rows[0], base + rows[1], ... (rows ascending), in place."""
+        if any(not 0 <= row < self.length - base for row in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"cannot gather rows {rows} after position {base} from a cache of {self.length} positions")
+        if self.capacity is None:
+            gather_positions(self.cache, base, rows)
+        elif rows != list(range(len(rows))):
+            for layer in self._layers:
+                index = torch.tensor(rows, dtype=torch.long).to(layer.keys.device, non_blocking=True) + base
+                layer.keys[:, :, base : base + len(rows)] = layer.keys.index_select(2, index)
+                layer.values[:, :, base : base + len(rows)] = layer.values.index_select(2, index)
+        self.rollback(base + len(rows))

@@ -1,26 +1,20 @@
-"""The decode loop: prefill, then draft -> verify -> accept -> roll back until done.
-
-Plain decoding (no drafter) is the same loop with empty drafts, so both share one sampling
-pipeline and one code path for EOS, budgets and statistics.
-"""
+"""`specdec.generate`: check the arguments, set up one run, and decode it (`specdec.loop`)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.protocols import DraftContext, Drafter
-from specdec.sampling import probabilities
+from specdec.engine import UNDECLARED_NODES, Engine
+from specdec.loop import Run, decode
+from specdec.protocols import Drafter
 from specdec.target import CausalLM
 from specdec.trace import Trace
-from specdec.trees import depths, first_path
-from specdec.types import Draft, Generation, Sampling, Stats, Verdict
-from specdec.verifier import (DraftError, validate_draft, verify_chain, verify_greedy, verify_tree,
-                              verify_tree_greedy)
+from specdec.types import Generation, Sampling
+from specdec.verifier import DraftError
 
 __all__ = ["generate"]
 
@@ -35,162 +29,61 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     trace: Trace | None = None,
+    compile: bool = False,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
 
     The output distribution is exactly that of plain sampling with `sampling`; at temperature 0
     the tokens equal plain greedy decoding. The EOS token, when produced, ends `tokens`.
     `trace`, if given, receives every step's tokens, probabilities, draws and timings
-    (`specdec.trace`); recording costs a softmax per step.
+    (`specdec.trace`); recording costs a softmax per step. `compile=True` runs the target's and
+    the drafter's fixed-shape steps through `torch.compile` (CUDA graphs on CUDA); the tokens
+    are those of eager decoding. Graphs are kept for later calls with the same shapes; a model
+    that cannot run on a static cache (linear attention, sliding windows) decodes eagerly, with
+    a warning saying why.
     """
-    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     if not isinstance(sampling, Sampling):
         raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
     _check_count("num_draft_tokens", num_draft_tokens)
     _check_count("max_new_tokens", max_new_tokens)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     prompt = _prompt(input_ids, lm, max_new_tokens)
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int or None, got {seed!r}")
+    if compile and lm.static_obstacle is not None:
+        warnings.warn(f"specdec: {type(lm.model).__name__} decodes eagerly: {lm.static_obstacle}", stacklevel=2)
+    k = num_draft_tokens if resolved is not None else 0
+    nodes = _draft_nodes(resolved, k)
+    engine = Engine(compile=compile, max_length=prompt.shape[0] + max_new_tokens, max_draft=k,
+                    draft_nodes=nodes or max(k, UNDECLARED_NODES), declared=nodes is not None)
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():
-        return _decode(lm, prompt, resolved, num_draft_tokens, max_new_tokens, sampling, stop_ids,
-                       generator, trace)
+        tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)
+        tokens[: prompt.shape[0]] = prompt
+        stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device) if stop_ids else None
+        run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
+                  stop, engine, tokens, prompt.shape[0], trace)
+        return decode(run)
 
 
-def _decode(lm: CausalLM, prompt: torch.Tensor, drafter: Drafter | None, k: int, max_new_tokens: int,
-            sampling: Sampling, stop_ids: frozenset[int], generator: torch.Generator,
-            trace: Trace | None = None) -> Generation:
-    start = time.perf_counter()
-    name = _drafter_name(drafter)
-    wants_hidden = bool(getattr(drafter, "uses_hidden_states", False))
-    propose = drafter.propose if drafter is not None else None
-    commit = getattr(drafter, "commit", None)
-    prompt_length = prompt.shape[0]
-    tokens = torch.empty(prompt_length + max_new_tokens, dtype=torch.long, device=lm.device)
-    tokens[:prompt_length] = prompt
-    length = prompt_length
-    empty = tokens[:0]
-
-    lm.reset()
-    hidden = torch.empty(0, lm.hidden_size, dtype=lm.dtype, device=lm.device) if wants_hidden else None
-    if prompt_length > 1:
-        _, hidden = lm.forward(prompt[:-1], keep=1, hidden=wants_hidden)  # cache: all but the last
-    ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size, hidden)
-    if drafter is not None and hasattr(drafter, "prefill"):
-        drafter.prefill(ctx)
-    prefill_seconds = time.perf_counter() - start
-    if trace is not None:
-        trace.prompt, trace.steps, trace.prefill_seconds = prompt.tolist(), [], prefill_seconds
-
-    new: list[int] = []
-    warned = False  # the tree fallback's warning, once per call
-    steps = drafted = accepted = 0
-    drafted_at = [0] * k
-    accepted_at = [0] * k
-    draft_seconds = verify_seconds = 0.0
-    while len(new) < max_new_tokens:
-        budget = max_new_tokens - len(new)
-        draft = Draft(empty)
-        proposed = propose is not None and budget > 1
-        step_draft = 0.0
-        parents: list[int] | None = None
-        nodes: list[int] | None = None  # draft node of each chain position after a tree fallback
-        if propose is not None and proposed:
-            tick = time.perf_counter()
-            draft = propose(ctx, min(k, budget - 1))
-            parents = validate_draft(draft, min(k, budget - 1), lm.vocab_size, lm.device, name)
-            if lm.cache_length != length - 1:
-                raise DraftError(f"drafter {name!r} changed the target's KV cache ({length - 1} -> "
-                                 f"{lm.cache_length} positions); drafters must not run ctx.target.forward")
-            if parents is not None and lm.tree_obstacle is not None:
-                if not warned:
-                    warnings.warn(f"specdec: {type(lm.model).__name__} cannot verify token trees: "
-                                  f"{lm.tree_obstacle}; the trees of drafter {name!r} are verified as "
-                                  "chains (each tree's first-child path)", stacklevel=3)
-                    warned = True
-                nodes = first_path(parents)
-                draft = Draft(draft.tokens[nodes], None if draft.probs is None else draft.probs[nodes])
-                parents = None
-            _synchronize(lm.device)
-            step_draft = time.perf_counter() - tick
-        tick = time.perf_counter()
-        n = draft.tokens.shape[0]
-        verdict: Verdict
-        if parents is None:
-            tokens[length : length + n] = draft.tokens  # scratch beyond the committed length
-            logits, hidden = lm.forward(tokens[length - 1 : length + n], keep=n + 1, hidden=wants_hidden)
-            if sampling.greedy:
-                verdict = verify_greedy(logits.argmax(dim=-1), draft.tokens)
-            else:
-                verdict = verify_chain(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
-        else:
-            tree = lm.forward_tree(torch.cat([tokens[length - 1 : length], draft.tokens]), parents)
-            hidden = tree.hidden if wants_hidden else None
-            if sampling.greedy:
-                verdict = verify_tree_greedy(tree.argmax, draft.tokens, parents)
-            else:
-                verdict = verify_tree(lambda row: probabilities(tree.row(row), sampling), draft.tokens, parents,
-                                      draft.probs, generator)
-        emitted = _until_stop(verdict.tokens.tolist(), stop_ids)
-        m = len(emitted)
-        tokens[length + verdict.num_accepted : length + m] = verdict.tokens[verdict.num_accepted : m]
-        if parents is None:
-            lm.rollback(length + m - 1)
-        else:
-            tokens[length : length + m] = verdict.tokens[:m]
-            rows = [0] + [node + 1 for node in verdict.accepted_nodes][: m - 1]  # root, then the path
-            lm.keep_path(length - 1, rows)
-            hidden = None if hidden is None else hidden[rows]
-        length += m
-        new.extend(emitted)
-
-        steps += 1
-        drafted += n
-        accepted += verdict.num_accepted
-        reached = max(depths(parents), default=0) if parents is not None else n
-        for i in range(reached):
-            drafted_at[i] += 1
-        for i in range(verdict.num_accepted):
-            accepted_at[i] += 1
-        committed = verdict.accepted_nodes[: min(verdict.num_accepted, m)]
-        if nodes is not None:
-            committed = tuple(nodes[i] for i in committed)
-        ctx = DraftContext(tokens[:length], sampling, generator, lm, lm.vocab_size,
-                           None if hidden is None else hidden[:m], committed)
-        step_verify = time.perf_counter() - tick
-        verify_seconds += step_verify
-        if proposed and commit is not None:
-            tick = time.perf_counter()
-            commit(ctx, min(verdict.num_accepted, m))
-            step_draft += time.perf_counter() - tick
-        draft_seconds += step_draft
-        if trace is not None:
-            shown = logits if parents is None else tree.all()  # a tree's rows, computed for the trace only
-            trace.record(draft, shown, sampling, verdict, m, step_draft, step_verify, parents)
-        if emitted and emitted[-1] in stop_ids:
-            break
-
-    stats = Stats(steps=steps, new_tokens=len(new), drafted=drafted, accepted=accepted,
-                  accepted_per_position=tuple(accepted_at), drafted_per_position=tuple(drafted_at),
-                  prefill_seconds=prefill_seconds, draft_seconds=draft_seconds,
-                  verify_seconds=verify_seconds, wall_seconds=time.perf_counter() - start)
-    return Generation(tokens=new, stats=stats)
-
-
-def _until_stop(emitted: list[int], stop_ids: frozenset[int]) -> list[int]:
-    """The emitted tokens up to and including the first stop id."""
-    for i, token in enumerate(emitted):
-        if token in stop_ids:
-            return emitted[: i + 1]
-    return emitted
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _draft_nodes(drafter: Drafter | None, k: int) -> int | None:
+    """The most nodes the drafter's drafts hold at depth k, as its `max_draft_nodes(k)` declares
+    (k without a drafter); None when it declares nothing."""
+    declared = getattr(drafter, "max_draft_nodes", None)
+    if drafter is None or k == 0:
+        return k
+    if not callable(declared):
+        return None
+    nodes = declared(k)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise DraftError(f"drafter {_drafter_name(drafter)!r}: max_draft_nodes({k}) must return an int >= 1, "
+                         f"got {nodes!r}")
+    return max(nodes, k)
 
 
 def _check_count(field: str, value: object) -> None:

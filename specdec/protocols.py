@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from specdec.engine import Engine
 from specdec.types import Draft, Sampling
 
 if TYPE_CHECKING:
@@ -31,6 +32,9 @@ class DraftContext:
         `commit` and to the next `propose`.
     accepted: the indices, in the previous draft, of its nodes that were just committed, root
         side first (for a chain 0..num_accepted-1); a tree drafter reads its path here.
+    engine: how this generation runs its models: whether fixed-shape steps are compiled, the
+        longest the committed sequence gets and the loop's k (`specdec.engine.Engine`), for a
+        drafter that keeps a static cache (`engine.capacity(...)`) or compiles its own step.
     """
 
     tokens: torch.Tensor
@@ -40,6 +44,7 @@ class DraftContext:
     vocab_size: int
     hidden_states: torch.Tensor | None = None
     accepted: tuple[int, ...] = ()
+    engine: Engine = Engine()
 
 
 @runtime_checkable
@@ -52,10 +57,17 @@ class Drafter(Protocol):
       commit(ctx, num_accepted) -> None: after each verify; `num_accepted` of the last draft's
           tokens are now committed (ctx.tokens has the new sequence, ctx.accepted which nodes
           of a tree); roll back own state.
+      max_draft_nodes(k) -> int: the most nodes a draft of depth at most k holds. A tree drafter
+          declares it so the verify forward keeps one shape: the target's cache is sized for it
+          and every tree is padded to it. Without it trees hold at most
+          `specdec.engine.UNDECLARED_NODES` nodes, padded to the next power of two.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
 
-    A draft with `parents` is a tree whose depth is at most k (`specdec.types.Draft`); targets
-    that cannot run a tree forward verify its first-child path instead, with a warning.
+    A draft with `parents` is a tree whose depth is at most k and whose size is at most
+    max_draft_nodes(k) (`specdec.types.Draft`); targets that cannot run a tree forward verify
+    its first-child path instead, with a warning. An exception raised in prefill, propose or
+    commit reaches the caller as a `specdec.verifier.DraftError` naming the drafter and the
+    method, the original chained.
     A draft with `probs` promises its tokens were drawn from exactly those rows, after the
     same sampling pipeline (`specdec.sampling.probabilities(logits, ctx.sampling)`).
     """

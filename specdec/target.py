@@ -1,5 +1,6 @@
-"""Adapter over a transformers causal LM: one KV cache, forwards that keep only the logits
-asked for, the hidden states drafters read, and exact rollback to a prefix.
+"""Adapter over a transformers causal LM: one KV cache (static where the model allows), forwards
+that keep only the logits asked for, the hidden states drafters read, exact rollback to a
+prefix, and fixed-shape steps that run compiled.
 
 The same adapter serves the target and any drafter that runs a causal LM of its own. Hybrid
 models (Qwen3-Next: GatedDeltaNet linear attention beside full attention) hold recurrent
@@ -10,16 +11,19 @@ from there to that length in one forward (none when the snapshot is exactly ther
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-from specdec.cache import (Snapshot, cache_length, check_transformers, crop_cache, gather_positions,
-                           has_recurrent_state, new_cache, restore, snapshot, tree_obstacle, uncroppable_layers)
+from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state, restore, snapshot,
+                           static_obstacle, tree_obstacle, uncroppable_layers)
+from specdec.engine import Step
 from specdec.trees import additive_mask, ancestor_mask, depths
 
-__all__ = ["CausalLM", "TreeLogits"]
+__all__ = ["CausalLM", "TreeLogits", "prepare_for_compile"]
 
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
                      "model.decoder.final_layer_norm")
@@ -64,9 +68,18 @@ class CausalLM:
     """One causal LM and its KV cache, batch size 1.
 
     Invariant kept by the decode loop: the cache holds every committed token but the last.
+
+    `reset(capacity, compile)` chooses the cache: static with `capacity` positions where the
+    model allows (`static_obstacle` is None), dynamic otherwise. A forward given `rows` is a
+    fixed-shape step: on a static cache its input is padded to `rows` positions (the padding is
+    rolled back, unseen by the real rows) and, with `compile`, it runs compiled. Forwards
+    without `rows` (prefills, whose length varies) run eagerly.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, share_cache: bool = False) -> None:
+        """share_cache: take a static cache of the right size left by an earlier adapter of the same
+        model that shared its own (`specdec.generate` does, so repeated calls reuse one buffer and
+        the CUDA graphs captured on it); such adapters must not run at the same time."""
         if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
             raise TypeError(
                 f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
@@ -96,7 +109,11 @@ class CausalLM:
             getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
         )
         self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
-        self.cache: Cache | None = None
+        self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
+        self.kv: KV | None = None
+        self._share = share_cache
+        self._step: Step | None = None  # the model's forward as a (compiled) fixed-shape step
+        self._compile = False  # whether the last reset asked for compiled steps
         self._recurrent = False  # whether rollback needs snapshots (hybrid model)
         self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
         self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
@@ -124,93 +141,176 @@ class CausalLM:
         return None
 
     @property
+    def cache(self) -> Cache:
+        """transformers' cache object (created on first use)."""
+        return self._kv.cache
+
+    @property
     def cache_length(self) -> int:
         """Positions held by the KV cache."""
-        return cache_length(self.cache)
+        return self.kv.length if self.kv is not None else 0
 
-    def reset(self) -> None:
-        """Drop the cache; the next forward starts at position 0."""
-        self.cache = new_cache(self.model)
-        self._recurrent = has_recurrent_state(self.cache)
-        self._obstacle = tree_obstacle(self.model, self.cache)
+    @property
+    def static(self) -> bool:
+        """Whether the cache is static (preallocated, rolled back by setting its length)."""
+        return self.kv is not None and self.kv.static
+
+    @property
+    def compiled(self) -> bool:
+        """Whether fixed-shape forwards run compiled."""
+        return self._step is not None and self._step.compiled
+
+    @property
+    def _kv(self) -> KV:
+        if self.kv is None:
+            self.reset()
+        assert self.kv is not None
+        return self.kv
+
+    def reset(self, capacity: int | None = None, compile: bool = False) -> None:
+        """Empty the cache; the next forward starts at position 0.
+
+        capacity: positions of a static cache (None: a dynamic cache that grows). A static
+        cache of the same size is reused, its stale entries masked. Models that cannot run on a
+        static cache (`static_obstacle`) get a dynamic one, and eager forwards.
+        """
+        wanted = capacity if self.static_obstacle is None else None
+        shared = _SHARED.get(self.model) if self._share else None
+        if shared is not None and (self.kv is None or not self.kv.fits(wanted, self.dtype, self.device)):
+            self.kv = shared
+        if self.kv is not None and self.kv.fits(wanted, self.dtype, self.device):
+            self.kv.rollback(0)
+        else:
+            self.kv = KV(self.model, wanted)
+            if self._share and self.kv.static:
+                _SHARED[self.model] = self.kv
+        compile = compile and self.kv.static
+        if self._step is None or self._compile != compile:
+            if compile:
+                prepare_for_compile(self.model)
+            self._step = Step(self._model_forward, f"the {type(self.model).__name__} forward", compile, self.device,
+                              key=(type(self.model),))
+            self._compile = compile
+        self._recurrent = has_recurrent_state(self.kv.cache)
+        self._obstacle = tree_obstacle(self.model, self.kv.cache)
         self._snapshots = []
 
     def forward(
-        self, input_ids: torch.Tensor, keep: int, hidden: bool = False
+        self, input_ids: torch.Tensor, keep: int, hidden: bool = False, rows: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [n] after the cached prefix and append them to the cache.
 
         Returns logits [keep, V] of the last `keep` positions and, if `hidden`, the last-layer
-        post-norm hidden states [n, H].
+        post-norm hidden states [n, H]. `rows` (>= n) makes it a fixed-shape step of `rows`
+        positions (see the class docstring).
         """
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1 (rows of logits to return), got {keep}")
-        if self.cache is None:
-            self.reset()
-        assert self.cache is not None
+        n = input_ids.shape[0]
+        if not 1 <= keep <= n:
+            raise ValueError(f"keep must lie in [1, {n}] (rows of logits to return), got {keep}")
+        kv = self._kv
         if self._recurrent:  # ids are cloned: callers reuse their buffers
-            self._snapshots.append((snapshot(self.cache), input_ids.clone()))
-        return self._run(input_ids, keep, hidden)
+            self._snapshots.append((snapshot(kv.cache), input_ids.clone()))
+        if rows is None or not kv.static:
+            return self._run(input_ids, keep, hidden, step=rows is not None)
+        if rows < n:
+            raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
+        base = kv.length
+        padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
+        index = keep if rows == n else torch.arange(n - keep, n, device=self.device)
+        logits, states = self._run(padded, index, hidden, step=True)
+        kv.rollback(base + n)  # the padding is stale
+        return logits, None if states is None else states[:n]
 
     @property
     def tree_obstacle(self) -> str | None:
         """Why this model cannot verify a token tree in one forward (None when it can)."""
-        if self.cache is None:
-            self.reset()
+        self._kv  # creates the cache (and reads the obstacle) on first use
         return self._obstacle
 
-    def forward_tree(self, input_ids: torch.Tensor, parents: list[int]) -> TreeLogits:
+    def mask_width(self, rows: int) -> int:
+        """Columns of a `forward_masked` mask for `rows` rows: the static capacity, or cached + rows."""
+        return self._kv.mask_width(rows)
+
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], rows: int | None = None) -> TreeLogits:
         """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
         committed token) then the n nodes, `parents` their parent indices (-1 = the root).
 
-        Each row sees the prefix, its ancestors and itself, at position cached + depth. All n + 1
-        rows are appended to the cache; `keep_path` then keeps the accepted ones. The result gives
-        each row's logits on demand and the hidden states [n + 1, H].
+        Each row sees the prefix, its ancestors and itself, at position cached + depth. `rows`
+        pads the forward to a fixed node budget (pad nodes hang off the root, unseen by the
+        others). All rows are appended to the cache; `keep_path` then keeps the accepted ones.
+        The result gives each row's logits on demand and the hidden states [n + 1, H].
         """
+        n = len(parents)
+        width = max(rows or 0, n + 1)
+        if width > n + 1:
+            parents = list(parents) + [-1] * (width - n - 1)
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(width - n - 1)])
         base = self.cache_length
-        tree = ancestor_mask(parents, device=self.device)  # (n+1, n+1)
-        visible = torch.cat([tree.new_ones(tree.shape[0], base), tree], dim=1)  # (n+1, base+n+1)
-        positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (n+1,)
+        visible = torch.zeros(width, self.mask_width(width), dtype=torch.bool, device=self.device)
+        visible[:, :base] = True
+        visible[:, base : base + width] = ancestor_mask(parents, device=self.device)  # (width, width)
+        positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (width,)
         # the root's row only, once the model is known to compute logits as lm_head(hidden states);
-        # every row the first time (to check that) and always for models that do not
+        # every row the first time (to check that, eagerly) and always for models that do not
+        known = self._lazy_head is not None
         keep: int | torch.Tensor = torch.zeros(1, dtype=torch.long, device=self.device) if self._lazy_head \
-            else tree.shape[0]
-        logits, states = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=True)
+            else width
+        logits, states = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=True, step=known)
         assert states is not None
+        states = states[: n + 1]
         if self._lazy_head is None:
-            self._lazy_head = _head_reproduces(self.config, self.lm_head, states, logits)
-            return TreeLogits(states, self.lm_head, logits)
+            self._lazy_head = _head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
+            return TreeLogits(states, self.lm_head, logits[: n + 1])
         return TreeLogits(states, self.lm_head, None, logits[0]) if self._lazy_head else \
-            TreeLogits(states, self.lm_head, logits)
+            TreeLogits(states, self.lm_head, logits[: n + 1])
 
     def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       keep: int | torch.Tensor, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       keep: int | torch.Tensor, hidden: bool = False, step: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
-        where visible[r] [C + m] is True (C = cached positions); the rows are appended to the cache.
+        where visible[r] [mask_width(m)] is True; the m rows are appended to the cache.
 
         The general form of a tree forward, for drafters that grow a tree level by level in
-        their own cache. Needs `tree_obstacle` to be None.
+        their own cache. A fixed-shape step unless `step` is false. Needs `tree_obstacle` None.
         """
         obstacle = self.tree_obstacle
         if obstacle is not None:
             raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
-        mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, C + m)
-        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None])
+        width = self.mask_width(input_ids.shape[0])
+        if tuple(visible.shape) != (input_ids.shape[0], width):
+            raise ValueError(f"visible must be [{input_ids.shape[0]}, {width}] (rows, mask_width), got "
+                             f"{tuple(visible.shape)}")
+        mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, width)
+        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
 
     def keep_path(self, base: int, rows: list[int]) -> None:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
-        assert self.cache is not None
-        gather_positions(self.cache, base, rows)
+        self._kv.gather(base, rows)
 
     def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: bool, mask: torch.Tensor | None = None,
-             positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             positions: torch.Tensor | None = None, step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kv = self._kv
+        kv.reserve(input_ids.shape[0])
+        if positions is None and step and kv.static and self.learned_positions and self.max_positions:
+            # padding rows may run past a learned position table: they sit at its last entry
+            rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
+            positions = rows.clamp(max=self.max_positions - 1)[None]  # (1, n)
+        run = self._step if step and self._step is not None and kv.initialized else None
+        out = (run or self._model_forward)(input_ids, keep, hidden, mask, positions)
+        kv.advanced(input_ids.shape[0])
+        return out
+
+    def _model_forward(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: bool,
+                       mask: torch.Tensor | None, positions: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of the model on the cache: (logits [keep, V], hidden states [n, H] or None)."""
         out = self.model(
             input_ids=input_ids.unsqueeze(0),  # (1, n)
-            cache=self.cache,
+            cache=self._kv.cache,
             use_cache=True,
             logits_to_keep=keep,
             output_hidden_states=hidden,
-            attention_mask=mask,  # (1, 1, n, C + n) additive, or None for causal
+            attention_mask=mask,  # (1, 1, n, width) additive, or None for causal
             position_ids=positions,  # (1, n) or None for C, C + 1, ...
         )
         logits = out.logits[0]  # (keep, V)
@@ -222,12 +322,10 @@ class CausalLM:
 
         Hybrid models can go back to any position since the last rollback or reset.
         """
-        if self.cache is None:
-            self.reset()
-        assert self.cache is not None
-        current = self.cache_length
+        kv = self._kv
+        current = kv.length
         if not self._recurrent or length == current:
-            crop_cache(self.cache, length)
+            kv.rollback(length)
         else:
             self._restore_and_replay(length, current)
         self._snapshots = []
@@ -240,11 +338,25 @@ class CausalLM:
                              "fed since the last rollback or reset")
         index = max(i for i, start in enumerate(starts) if start <= length)
         saved = self._snapshots[index][0]
-        assert self.cache is not None
-        restore(self.cache, saved)
+        kv = self._kv
+        restore(kv.cache, saved)
+        kv.length = saved.length
         if length > saved.length:
             fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
             self._run(fed[: length - saved.length], keep=1, hidden=False)  # under the caller's grad mode
+
+
+_SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
+
+
+def prepare_for_compile(model: PreTrainedModel) -> None:
+    """Install transformers' output-capturing hooks eagerly: transformers installs them under a
+    lock on first use, which dynamo cannot trace."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:  # a transformers without lazy hooks needs nothing
+        return
+    maybe_install_capturing_hooks(model)
 
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")

@@ -106,6 +106,9 @@ class RandomTreeDrafter(TreeRecorder):
         self.branching, self.max_nodes = branching, max_nodes
         self.rows = RandomQDrafter(seed + 1, zero_fraction=zero_fraction, scale=scale)
 
+    def max_draft_nodes(self, k: int) -> int:
+        return max(k, self.max_nodes, 2 * self.branching)  # the longest chain, bush, b-ary tree or fan
+
     def _integer(self, low: int, high: int) -> int:
         return int(torch.randint(low, high + 1, (1,), generator=self.generator))
 
@@ -168,6 +171,9 @@ class OracleTreeDrafter(TreeRecorder):
         self.generator = _generator(seed)
         self.branches, self.first = branches, first
 
+    def max_draft_nodes(self, k: int) -> int:
+        return (self.branches + 1) * k  # the truth and the garbage branches, k deep
+
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         from specdec.trees import tree_from_paths
 
@@ -198,6 +204,9 @@ class TopKTreeDrafter(TreeRecorder):
     def __init__(self, model: torch.nn.Module, branching: int = 2, max_nodes: int = 14) -> None:
         super().__init__()
         self.model, self.branching, self.max_nodes = model, branching, max_nodes
+
+    def max_draft_nodes(self, k: int) -> int:
+        return self.max_nodes
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         tokens: list[int] = []

@@ -11,6 +11,7 @@ from typing import ClassVar
 import pytest
 import torch
 from transformers import PreTrainedModel
+from transformers.cache_utils import StaticLayer
 
 import specdec
 from specdec import CausalLM, Draft, DraftContext, Drafter, Generation, Sampling
@@ -75,6 +76,13 @@ class OracleDrafter:
         return Draft(torch.tensor(self.continuation[done : done + k], dtype=torch.long))
 
 
+def _stored(layer: object) -> int:
+    """Positions a cache layer holds: a static layer's length, a dynamic layer's stored rows."""
+    if isinstance(layer, StaticLayer):
+        return int(layer.cumulative_length)
+    return int(layer.keys.shape[-2])  # type: ignore[attr-defined]
+
+
 class CacheSpy:
     """Wraps a drafter and checks, at every call, that target and drafter caches hold exactly
     the committed tokens (the target: all but the last)."""
@@ -86,6 +94,7 @@ class CacheSpy:
         self.proposals = 0
         self.draft_checks = 0
         self.largest_target_cache = 0
+        self.buffers: list[set[tuple[int, tuple[int, ...]]]] = []
 
     def prefill(self, ctx: DraftContext) -> None:
         if hasattr(self.inner, "prefill"):
@@ -107,9 +116,11 @@ class CacheSpy:
         committed = ctx.tokens.shape[0]
         assert ctx.target.cache_length == committed - 1, (
             f"at {when}: target cache holds {ctx.target.cache_length}, {committed} tokens committed")
-        stored = {layer.keys.shape[-2] for layer in ctx.target.cache.layers}
+        stored = {_stored(layer) for layer in ctx.target.cache.layers}
         assert stored == {committed - 1}, f"at {when}: layers store {stored} positions, expected {committed - 1}"
         self.largest_target_cache = max(self.largest_target_cache, max(stored))
+        buffers = {(layer.keys.data_ptr(), tuple(layer.keys.shape)) for layer in ctx.target.cache.layers}
+        self.buffers.append(buffers)
 
     def _check_draft_cache(self, ctx: DraftContext) -> None:
         """The draft model's cache is a prefix of the committed tokens, verified by recomputation."""
@@ -143,6 +154,8 @@ def test_caches_hold_exactly_the_committed_tokens_over_a_long_run(kind: str) -> 
         assert spy.draft_checks == spy.proposals + 1  # after prefill and the commit of every proposal
     assert spy.largest_target_cache <= len(PROMPT) + new_tokens - 1
     assert lm.cache_length == len(PROMPT) + new_tokens - 1
+    assert lm.static and all(buffers == spy.buffers[0] for buffers in spy.buffers), \
+        "the static cache is allocated once per call: the same buffers at every step"
 
 
 # --- EOS and max_new_tokens inside a block --------------------------------------------------------

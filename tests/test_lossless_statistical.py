@@ -161,26 +161,26 @@ def test_speculative_continuations_match_plain_sampling(target, other_model, dra
 
 
 def accept_every_draft(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None,
-                       generator: torch.Generator | None) -> Verdict:
-    """Lossy: keep the whole draft, then a bonus token from p[k]."""
+                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+    """Lossy: keep the whole draft, then a bonus token from p[k] (in `chain_verdict`'s form)."""
     k = tokens.shape[0]
     bonus = torch.multinomial(p[k], 1, generator=generator)
-    return Verdict(tokens=torch.cat([tokens, bonus]), num_accepted=k)
+    return torch.tensor(k), torch.cat([tokens, bonus]), None, None
 
 
 def correct_from_p(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None,
-                   generator: torch.Generator | None) -> Verdict:
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, None, None]:
     """Lossy: the usual acceptance test, but the correction is drawn from p, not the residual."""
     k = tokens.shape[0]
     if k == 0:
-        return Verdict(tokens=torch.multinomial(p[0], 1, generator=generator), num_accepted=0)
+        return torch.tensor(0), torch.multinomial(p[0], 1, generator=generator), None, None
     assert q is not None, "correct_from_p serves sampled drafts only"
     index = tokens[:, None]  # (k, 1)
     accept = (p[:k].gather(-1, index) / q.gather(-1, index)).squeeze(-1).clamp(max=1.0)  # (k,)
     uniforms = torch.rand(k, generator=generator, dtype=p.dtype)
     n = int((uniforms < accept).cumprod(0).sum())
     last = torch.multinomial(p[n], 1, generator=generator)
-    return Verdict(tokens=torch.cat([tokens[:n], last]), num_accepted=n)
+    return torch.tensor(n), torch.cat([tokens[:n], last, tokens[n + 1 :]]), None, None
 
 
 @pytest.mark.parametrize(
@@ -191,8 +191,8 @@ def correct_from_p(p: torch.Tensor, tokens: torch.Tensor, q: torch.Tensor | None
     ],
 )
 def test_chi_square_detects_a_lossy_verifier(target, other_model, monkeypatch, lossy, drafter_key):
-    loop = importlib.import_module("specdec.generate")  # the module, not the function of that name
-    monkeypatch.setattr(loop, "verify_chain", lossy)
+    loop = importlib.import_module("specdec.loop")
+    monkeypatch.setattr(loop, "chain_verdict", lossy)
     counts, drafted, _, _ = sample_counts(target, DRAFTERS[drafter_key](target, other_model), PLAIN)
     assert drafted > 0
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, PLAIN))

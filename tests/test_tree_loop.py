@@ -238,6 +238,9 @@ class EmptyTrees(TreeRecorder):
         self.inner.drafts = self.drafts
         self.count = 0
 
+    def max_draft_nodes(self, k: int) -> int:
+        return self.inner.max_draft_nodes(k)
+
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self.count += 1
         if self.count % 2:
@@ -289,6 +292,9 @@ class HiddenProbe:
     def __init__(self, inner: TreeRecorder) -> None:
         self.inner = inner
         self.seen: list[tuple[list[int], torch.Tensor]] = []
+
+    def max_draft_nodes(self, k: int) -> int:
+        return self.inner.max_draft_nodes(k)  # type: ignore[attr-defined]
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self.seen.append((ctx.tokens.tolist(), ctx.hidden_states.clone()))
@@ -408,7 +414,7 @@ def test_tree_continuations_match_plain_sampling(stat_target, stat_other, key: s
     pytest.param(verify_tree_siblings_against_p, "topk-tree", id="siblings-against-p"),
 ])
 def test_chi_square_detects_a_lossy_tree_verifier(stat_target, stat_other, monkeypatch, lossy, key: str) -> None:
-    loop = importlib.import_module("specdec.generate")  # the module, not the function of that name
+    loop = importlib.import_module("specdec.loop")
     monkeypatch.setattr(loop, "verify_tree", lossy)
     counts, drafted, _, _ = sample_counts(stat_target, STAT_DRAFTERS[key](stat_target, stat_other), PLAIN, runs=RUNS)
     assert drafted > 0
@@ -484,6 +490,9 @@ class FixedTree(TreeRecorder):
     def __init__(self, reference: list[int]) -> None:
         super().__init__()
         self.reference = reference
+
+    def max_draft_nodes(self, k: int) -> int:
+        return len(self.PARENTS)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         truth = self.reference[ctx.tokens.shape[0] :] + [0, 0, 0]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from specdec.verifier.chain import (
     acceptance_probabilities,
+    chain_verdict,
+    greedy_verdict,
     residual_distribution,
     verify_chain,
     verify_greedy,
@@ -32,6 +34,8 @@ from specdec.verifier.validate import DraftError, validate_draft
 __all__ = [
     "DraftError",
     "acceptance_probabilities",
+    "chain_verdict",
+    "greedy_verdict",
     "residual_distribution",
     "validate_draft",
     "verify_chain",

@@ -1,4 +1,8 @@
-"""Verification of a chain draft: sampled, deterministic (one-hot q) and greedy."""
+"""Verification of a chain draft: sampled, deterministic (one-hot q) and greedy.
+
+`chain_verdict` and `greedy_verdict` compute a step's verdict on the device, so the decode loop
+reads back one small tensor per step; `verify_chain` and `verify_greedy` return it as a Verdict.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import torch
 
 from specdec.types import Verdict
 
-__all__ = ["acceptance_probabilities", "residual_distribution", "verify_chain", "verify_greedy"]
+__all__ = ["acceptance_probabilities", "chain_verdict", "greedy_verdict", "residual_distribution", "verify_chain",
+           "verify_greedy"]
 
 
 def acceptance_probabilities(
@@ -40,44 +45,73 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, token: torch.
     return torch.where(mass > floor, residual / mass.clamp(min=floor), p)
 
 
+def chain_verdict(
+    p: torch.Tensor,
+    tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Speculative sampling over a chain draft, computed on the tensors' device (nothing is read
+    back to the host).
+
+    p: [k + 1, V] processed target distributions; tokens: [k]; q: [k, V] or None.
+    Draws k uniforms, then one token (correction or bonus) from `generator`.
+    Returns (num_accepted: 0-d long, out [k + 1]: the draft with the last token written at
+    index num_accepted, so out[: num_accepted + 1] is what the step emits; acceptance [k],
+    uniforms [k]; both None when k = 0).
+    """
+    k = tokens.shape[0]
+    if k == 0:
+        last = torch.multinomial(p[0], 1, generator=generator)  # (1,)
+        return torch.zeros((), dtype=torch.long, device=p.device), last, None, None
+    if q is not None:  # rows validated to sum to 1 within rounding; sampling used them normalised
+        q = q.to(p.dtype)
+        q = q / q.sum(dim=-1, keepdim=True)
+    accept = acceptance_probabilities(p[:k], q, tokens)  # (k,)
+    uniforms = torch.rand(k, generator=generator, dtype=accept.dtype, device=accept.device)
+    num_accepted = (uniforms < accept).cumprod(0).sum()  # 0-d
+    at = num_accepted.clamp(max=k - 1).reshape(1)  # the rejected position, when there is one
+    row_q = None if q is None else q.index_select(0, at)[0]
+    residual = residual_distribution(p.index_select(0, at)[0], row_q, tokens.index_select(0, at)[0])  # (V,)
+    next_distribution = torch.where(num_accepted == k, p[k], residual)  # bonus: the next position's p
+    last = torch.multinomial(next_distribution, 1, generator=generator)  # (1,)
+    out = torch.cat([tokens, last]).scatter(0, num_accepted.reshape(1), last)  # (k + 1,)
+    return num_accepted, out, accept, uniforms
+
+
 def verify_chain(
     p: torch.Tensor,
     tokens: torch.Tensor,
     q: torch.Tensor | None,
     generator: torch.Generator | None,
 ) -> Verdict:
-    """Speculative sampling over a chain draft.
+    """Speculative sampling over a chain draft (`chain_verdict`, read back as a Verdict).
 
     p: [k + 1, V] processed target distributions; tokens: [k]; q: [k, V] or None.
-    Draws k uniforms, then one token (correction or bonus) from `generator`.
     """
-    k = tokens.shape[0]
-    if k == 0:
-        last = torch.multinomial(p[0], 1, generator=generator)
-        return Verdict(tokens=last, num_accepted=0)
-    if q is not None:  # rows validated to sum to 1 within rounding; sampling used them normalised
-        q = q.to(p.dtype)
-        q = q / q.sum(dim=-1, keepdim=True)
-    accept = acceptance_probabilities(p[:k], q, tokens)  # (k,)
-    uniforms = torch.rand(k, generator=generator, dtype=accept.dtype, device=accept.device)
-    num_accepted = int((uniforms < accept).cumprod(0).sum())
-    if num_accepted == k:
-        next_distribution = p[k]  # bonus: drawn from the next position's p
-    else:
-        row_q = None if q is None else q[num_accepted]
-        next_distribution = residual_distribution(p[num_accepted], row_q, tokens[num_accepted])
-    last = torch.multinomial(next_distribution, 1, generator=generator)  # (1,)
-    return Verdict(tokens=torch.cat([tokens[:num_accepted], last]), num_accepted=num_accepted, acceptance=accept,
-                   uniforms=uniforms)
+    num_accepted, out, accept, uniforms = chain_verdict(p, tokens, q, generator)
+    accepted = int(num_accepted)
+    return Verdict(tokens=out[: accepted + 1], num_accepted=accepted, acceptance=accept, uniforms=uniforms)
 
 
-def verify_greedy(target_tokens: torch.Tensor, tokens: torch.Tensor) -> Verdict:
-    """Greedy verification: accept while the draft equals the target's argmax.
+def greedy_verdict(target_tokens: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+    """Greedy verification on the device: (num_accepted 0-d, out [k + 1], matches [k] as 0/1).
 
-    target_tokens: [k + 1] argmax of the target at each position; tokens: [k] draft.
-    The correction or bonus is the target's argmax, so the output equals plain greedy decoding.
+    target_tokens: [k + 1] argmax of the target at each position; tokens: [k] draft. While the
+    draft equals the argmax both agree, so out = target_tokens and out[: num_accepted + 1] is
+    what the step emits: the output equals plain greedy decoding.
     """
     k = tokens.shape[0]
     matches = tokens == target_tokens[:k]  # (k,)
-    num_accepted = int(matches.cumprod(0).sum()) if k else 0
-    return Verdict(tokens=target_tokens[: num_accepted + 1], num_accepted=num_accepted, acceptance=matches.float())
+    return matches.cumprod(0).sum(), target_tokens[: k + 1], matches.float()
+
+
+def verify_greedy(target_tokens: torch.Tensor, tokens: torch.Tensor) -> Verdict:
+    """Greedy verification: accept while the draft equals the target's argmax (`greedy_verdict`).
+
+    target_tokens: [k + 1] argmax of the target at each position; tokens: [k] draft.
+    """
+    num_accepted, out, matches = greedy_verdict(target_tokens, tokens)
+    accepted = int(num_accepted)
+    return Verdict(tokens=out[: accepted + 1], num_accepted=accepted, acceptance=matches)

@@ -1,0 +1,80 @@
+"""A drafter head's KV cache and forward as fixed-shape steps (EAGLE, MTP): the cache is static
+and sized for the generation (`ctx.engine.capacity`), and a forward given `rows` is padded to
+that many rows and runs compiled when the generation compiles (`specdec.engine.Step`); the
+padding is rolled back after it, unseen by the real rows, which come first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.cache import KV, static_obstacle
+from specdec.engine import Engine, Step
+
+__all__ = ["HeadSteps"]
+
+
+class HeadSteps:
+    """`forward(*inputs, cache, mask)` of `head` on its own cache; inputs are [n, ...] tensors
+    (the rows) after any leading non-tensor arguments, such as an MTP stage index."""
+
+    def __init__(self, head: nn.Module, forward: Callable[..., Any], name: str) -> None:
+        self.head, self._forward, self.name = head, forward, name
+        self.kv = KV(head)
+        self._step = Step(self._run, name, False, torch.device("cpu"))
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def cache(self) -> Any:
+        return self.kv.cache
+
+    def reset(self, engine: Engine, extra: int, device: torch.device) -> None:
+        """A cache for this generation (static when the engine sizes one), `extra` rows beyond
+        the committed sequence and the verify; compiled steps when the engine compiles."""
+        capacity = engine.capacity(extra) if engine.max_length and static_obstacle(self.head) is None else None
+        self.kv = KV(self.head, capacity)
+        self._step = Step(self._run, self.name, engine.compile and self.kv.static, device, key=(type(self.head),))
+
+    def width(self, rows: int) -> int:
+        """Columns of a tree mask for a forward of `rows` rows."""
+        return self.kv.mask_width(rows)
+
+    def __call__(self, rows: int | None, *inputs: Any, mask: torch.Tensor | None = None) -> Any:
+        """Run the head over inputs of n rows, padded to `rows` (None: eagerly, unpadded); the
+        cache then holds n more entries. Returns the forward's outputs for the n real rows."""
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+        n = tensors[0].shape[0]
+        base = self.kv.length
+        self.kv.reserve(max(n, rows or 0))
+        if rows is None or not self.kv.static:
+            out = self._forward(*inputs, self.kv.cache, mask)
+            self.kv.advanced(n)
+            return out
+        padded = [_pad(x, rows) if isinstance(x, torch.Tensor) else x for x in inputs]
+        out = self._step(*padded, mask) if self.kv.initialized else self._run(*padded, mask)
+        self.kv.advanced(rows)
+        self.kv.rollback(base + n)
+        return _rows(out, n)
+
+    def _run(self, *args: Any) -> Any:
+        *inputs, mask = args
+        return self._forward(*inputs, self.kv.cache, mask)
+
+
+def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [n, ...] padded to [rows, ...] by repeating its last row (finite values, valid positions)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
+
+
+def _rows(out: Any, n: int) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out[:n]
+    return tuple(_rows(item, n) for item in out)

@@ -1,0 +1,133 @@
+"""The compiled engine's switch: how one generate call runs its models, and `Step`, a model step
+compiled by `torch.compile` or run eagerly.
+
+A step is compiled whole (`fullgraph=True`) for static shapes (`dynamic=False`): one graph per
+input shape, which the fixed-shape steps keep to a few per run (the verify padded to k + 1
+rows, a tree to its node budget, a drafter's steps likewise). On CUDA the graphs are captured as
+CUDA graphs (`mode="reduce-overhead"`); their outputs are copied out, since the next replay
+overwrites them. Graphs live in torch's cache of the function's code, so a later call with
+the same shapes (another generate call, another model of the same class and shapes) reuses them.
+
+A step that dynamo or inductor cannot compile warns once, naming the reason, and runs eagerly
+from then on; nothing it computed is lost, since a failed compilation runs nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdec.cache import static_capacity
+
+__all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures"]
+
+RECOMPILE_LIMIT = 64  # graphs per compiled function: shapes x models x dtypes a process may meet
+UNDECLARED_NODES = 64  # the tree budget of a drafter without max_draft_nodes
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How one generate call runs its models, as drafters see it (`DraftContext.engine`).
+
+    compile: whether fixed-shape steps are compiled (`specdec.generate(..., compile=True)`).
+    max_length: the most committed tokens: the prompt plus max_new_tokens.
+    max_draft: the loop's k, the longest chain (a tree's greatest depth) a drafter may propose.
+    draft_nodes: the most nodes a draft may hold: the drafter's `max_draft_nodes(k)`, or
+        UNDECLARED_NODES for a drafter that declares none.
+    declared: whether draft_nodes was declared; a declared budget pads every tree to it (one
+        shape), an undeclared one to the next power of two (a few shapes).
+    """
+
+    compile: bool = False
+    max_length: int = 0
+    max_draft: int = 0
+    draft_nodes: int = 0
+    declared: bool = True
+
+    def tree_rows(self, nodes: int) -> int:
+        """Rows of the verify forward of a tree of `nodes` nodes (the root's row included)."""
+        if self.declared:
+            return self.draft_nodes + 1
+        return min(max(8, 1 << nodes.bit_length()), self.draft_nodes + 1)
+
+    @property
+    def verify_rows(self) -> int:
+        """Rows of the widest verify forward: the last committed token and the largest draft."""
+        return max(self.max_draft, self.draft_nodes) + 1
+
+    def capacity(self, extra: int = 0) -> int:
+        """Positions of a static cache that holds the whole generation, the widest verify and
+        `extra` more (a drafter's own draft rows), rounded up so nearby lengths share graphs."""
+        return static_capacity(self.max_length + self.verify_rows + extra)
+
+
+_FAILED: dict[tuple[Any, ...], str] = {}  # (function, model class) -> why it did not compile
+
+
+def compile_failures() -> dict[tuple[Any, ...], str]:
+    """The steps that could not be compiled in this process, and why (for diagnostics and tests)."""
+    return dict(_FAILED)
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    import torch._dynamo.exc as dynamo_errors
+    import torch._inductor.exc as inductor_errors
+
+    return (dynamo_errors.TorchDynamoException, inductor_errors.InductorError, inductor_errors.CppCompileError)
+
+
+class Step:
+    """`fn` compiled for static shapes, or `fn` itself when `enabled` is false or compiling failed.
+
+    `key` names what is compiled (e.g. the function and the model's class) in the warning and in
+    the record of failures, so a class that cannot be compiled is not traced again.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, device: torch.device,
+                 key: tuple[Any, ...] = ()) -> None:
+        self.fn, self.name, self.key = fn, name, (name, *key)
+        self.cuda_graphs = enabled and device.type == "cuda"
+        self._compiled: Callable[..., Any] | None = None
+        if enabled and self.key in _FAILED:
+            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly",
+                          stacklevel=3)
+        elif enabled:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+            mode = "reduce-overhead" if self.cuda_graphs else None
+            self._compiled = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run the compiled graphs."""
+        return self._compiled is not None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            return self.fn(*args)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            out = self._compiled(*args)
+        except _compile_errors() as error:
+            reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+            _FAILED[self.key] = reason
+            self._compiled = None
+            warnings.warn(f"specdec: cannot compile {self.name} ({type(error).__name__}: {reason[:300]}); "
+                          "it runs eagerly", stacklevel=3)
+            return self.fn(*args)
+        return _clone(out) if self.cuda_graphs else out
+
+
+def _clone(out: Any) -> Any:
+    """A copy of every tensor in `out`: the next CUDA-graph replay overwrites the outputs."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        return tuple(_clone(item) for item in out)
+    return out

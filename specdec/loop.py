@@ -1,0 +1,260 @@
+"""The decode loop: prefill, then draft -> verify -> commit -> record until done.
+
+Each part is one function that owns one thing: `draft` the drafter's proposal and its checks,
+`verify` the target's one forward and the verdict, `commit` the rollback of the target and
+the drafter to the committed sequence, `record` the counters and the trace. Plain decoding
+(no drafter) is the same loop with empty drafts, so both share one sampling pipeline and one
+code path for EOS, budgets and statistics. Eager and compiled decoding share it too: they
+differ only in whether the fixed-shape steps underneath run compiled (`specdec.engine`).
+
+Shapes stay fixed: a chain's verify is padded to k + 1 rows (one row when nothing was drafted),
+a tree's to its node budget, so a run compiles a few graphs whatever its drafts. A chain step
+reads back from the device once: the number accepted and where a stop id fell.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.counters import Counters
+from specdec.engine import Engine
+from specdec.protocols import DraftContext, Drafter
+from specdec.sampling import probabilities
+from specdec.target import CausalLM, TreeLogits
+from specdec.trace import Trace
+from specdec.trees import depths, first_path
+from specdec.types import Draft, Generation, Sampling, Verdict
+from specdec.verifier import (DraftError, chain_verdict, greedy_verdict, validate_draft, verify_tree,
+                              verify_tree_greedy)
+
+__all__ = ["Run", "decode", "first_stop"]
+
+
+@dataclass
+class Run:
+    """The state of one generation. `tokens` [prompt + max_new_tokens + verify rows] holds the
+    committed ids in [0, length), then scratch; the target's cache holds all of them but the last."""
+
+    lm: CausalLM
+    drafter: Drafter | None
+    name: str
+    k: int
+    max_new_tokens: int
+    sampling: Sampling
+    generator: torch.Generator
+    stop: torch.Tensor | None  # [S] stop ids on the model's device
+    engine: Engine
+    tokens: torch.Tensor
+    prompt_length: int
+    trace: Trace | None = None
+    length: int = 0
+    produced: int = 0
+    ctx: DraftContext | None = None
+    counters: Counters = field(default_factory=lambda: Counters(0))
+    warned: bool = False  # the tree fallback's warning, once per run
+
+    @property
+    def wants_hidden(self) -> bool:
+        return bool(getattr(self.drafter, "uses_hidden_states", False))
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The step's checked draft. `parents`: None for a chain; `nodes`: the draft node behind each
+    chain position after a tree was cut to its first path; `proposed`: the drafter was asked."""
+
+    draft: Draft
+    parents: list[int] | None = None
+    nodes: list[int] | None = None
+    proposed: bool = False
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Block:
+    """What one verify decided: the verdict, how many of its tokens are emitted (EOS and the
+    budget cut the block), whether a stop id ended it, and the target's rows for the drafter."""
+
+    verdict: Verdict
+    emitted: int
+    stopped: bool
+    hidden: torch.Tensor | None
+    shown: Any  # the logits the trace reads: [n + 1, V] for a chain, the TreeLogits of a tree
+    seconds: float
+
+
+def decode(run: Run) -> Generation:
+    """Generate until the budget is spent or a stop id is emitted."""
+    start = time.perf_counter()
+    prefill(run)
+    prefill_seconds = time.perf_counter() - start
+    if run.trace is not None:
+        run.trace.prompt, run.trace.steps = run.tokens[: run.prompt_length].tolist(), []
+        run.trace.prefill_seconds = prefill_seconds
+    while run.produced < run.max_new_tokens:
+        proposal = draft(run)
+        block = verify(run, proposal)
+        commit_seconds = commit(run, proposal, block)
+        record(run, proposal, block, commit_seconds)
+        if block.stopped:
+            break
+    new = run.tokens[run.prompt_length : run.length].tolist()
+    stats = run.counters.stats(len(new), prefill_seconds, time.perf_counter() - start)
+    return Generation(tokens=new, stats=stats)
+
+
+def prefill(run: Run) -> None:
+    """Size and fill the target's cache with the prompt but its last id; then the drafter's prefill."""
+    lm = run.lm
+    lm.reset(run.engine.capacity(), compile=run.engine.compile)
+    hidden = torch.empty(0, lm.hidden_size, dtype=lm.dtype, device=lm.device) if run.wants_hidden else None
+    run.length = run.prompt_length
+    if run.length > 1:  # eager: the prompt's length varies from call to call
+        _, hidden = lm.forward(run.tokens[: run.length - 1], keep=1, hidden=run.wants_hidden)
+    run.counters = Counters(run.k)
+    run.ctx = _context(run, hidden, ())
+    if run.drafter is not None and hasattr(run.drafter, "prefill"):
+        _call(run, "prefill", run.ctx)
+
+
+def draft(run: Run) -> Proposal:
+    """Ask the drafter for at most min(k, budget - 1) tokens and check what it returns."""
+    budget = run.max_new_tokens - run.produced
+    if run.drafter is None or budget <= 1 or run.k == 0:
+        return Proposal(Draft(run.tokens[:0]))
+    tick = time.perf_counter()
+    k = min(run.k, budget - 1)
+    proposed = _call(run, "propose", run.ctx, k)
+    parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
+    if parents is not None and len(parents) > run.engine.draft_nodes:
+        said = f"its max_draft_nodes({run.k}) is" if run.engine.declared else "a drafter that declares no " \
+            "max_draft_nodes(k) may draft at most"
+        raise DraftError(f"drafter {run.name!r} returned a tree of {len(parents)} nodes, but {said} "
+                         f"{run.engine.draft_nodes}; declare the largest tree it drafts (max_draft_nodes)")
+    if run.lm.cache_length != run.length - 1:
+        raise DraftError(f"drafter {run.name!r} changed the target's KV cache ({run.length - 1} -> "
+                         f"{run.lm.cache_length} positions); drafters must not run ctx.target.forward")
+    nodes = None
+    if parents is not None and run.lm.tree_obstacle is not None:
+        if not run.warned:
+            warnings.warn(f"specdec: {type(run.lm.model).__name__} cannot verify token trees: "
+                          f"{run.lm.tree_obstacle}; the trees of drafter {run.name!r} are verified as "
+                          "chains (each tree's first-child path)", stacklevel=4)
+            run.warned = True
+        nodes = first_path(parents)
+        probs = None if proposed.probs is None else proposed.probs[nodes]
+        proposed, parents = Draft(proposed.tokens[nodes], probs), None
+    _synchronize(run.lm.device)
+    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick)
+
+
+def verify(run: Run, proposal: Proposal) -> Block:
+    """One target forward over the last committed id and the draft, and the verdict on it."""
+    tick = time.perf_counter()
+    lm, draft_, sampling = run.lm, proposal.draft, run.sampling
+    n, budget = draft_.tokens.shape[0], run.max_new_tokens - run.produced
+    run.tokens[run.length : run.length + n] = draft_.tokens  # scratch beyond the committed length
+    if proposal.parents is None:
+        rows = 1 if n == 0 else run.engine.max_draft + 1  # one shape for every draft, one for none
+        ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
+        logits, hidden = lm.forward(ids, keep=rows, hidden=run.wants_hidden, rows=rows)
+        logits = logits[: n + 1]  # (n + 1, V)
+        if sampling.greedy:
+            num, out, acceptance = greedy_verdict(logits.argmax(dim=-1), draft_.tokens)
+            uniforms = None
+        else:
+            num, out, acceptance, uniforms = chain_verdict(probabilities(logits, sampling), draft_.tokens,
+                                                           draft_.probs, run.generator)
+        accepted, stop_at = (int(value) for value in torch.stack([num, first_stop(out, num, run.stop)]).tolist())
+        verdict = Verdict(out[: accepted + 1], accepted, acceptance, uniforms)
+        shown: Any = logits
+    else:
+        tree = lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
+                               rows=run.engine.tree_rows(n))
+        hidden = tree.hidden if run.wants_hidden else None
+        verdict = _verify_tree(tree, draft_, proposal.parents, sampling, run.generator)
+        stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop))
+        shown = tree
+    emitted = min(verdict.num_accepted + 1, stop_at + 1, budget)
+    return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick)
+
+
+def commit(run: Run, proposal: Proposal, block: Block) -> float:
+    """Commit the emitted tokens: roll the target back to them, then the drafter. Returns the
+    drafter's seconds (its commit counts as drafting)."""
+    verdict, m = block.verdict, block.emitted
+    base = run.length - 1  # the cache position of the last committed id, row 0 of the verify
+    run.tokens[run.length : run.length + verdict.tokens.shape[0]] = verdict.tokens
+    if proposal.parents is None:
+        run.lm.rollback(base + m)
+        hidden = None if block.hidden is None else block.hidden[:m]
+    else:
+        rows = [0] + [node + 1 for node in verdict.accepted_nodes][: m - 1]  # the root, then the path
+        run.lm.keep_path(base, rows)
+        hidden = None if block.hidden is None else block.hidden[rows]
+    run.length += m
+    run.produced += m
+    committed = verdict.accepted_nodes[: min(verdict.num_accepted, m)]
+    if proposal.nodes is not None:
+        committed = tuple(proposal.nodes[i] for i in committed)
+    run.ctx = _context(run, hidden, committed)
+    if not proposal.proposed or not hasattr(run.drafter, "commit"):
+        return 0.0
+    tick = time.perf_counter()
+    _call(run, "commit", run.ctx, min(verdict.num_accepted, m))
+    return time.perf_counter() - tick
+
+
+def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) -> None:
+    """Count the step, and add it to the trace."""
+    n = proposal.draft.tokens.shape[0]
+    reached = max(depths(proposal.parents), default=0) if proposal.parents is not None else n
+    draft_seconds = proposal.seconds + commit_seconds
+    run.counters.step(n, reached, block.verdict.num_accepted, draft_seconds, block.seconds)
+    if run.trace is not None:
+        shown = block.shown.all() if isinstance(block.shown, TreeLogits) else block.shown
+        run.trace.record(proposal.draft, shown, run.sampling, block.verdict, block.emitted, draft_seconds,
+                         block.seconds, proposal.parents)
+
+
+def first_stop(out: torch.Tensor, num_accepted: torch.Tensor, stop: torch.Tensor | None) -> torch.Tensor:
+    """The index of the first stop id in out[: num_accepted + 1], or len(out) when there is none (0-d, on
+    the device: the loop reads it back with the number accepted)."""
+    index = torch.arange(out.shape[0], device=out.device)  # (n + 1,)
+    if stop is None:
+        return torch.full((), out.shape[0], dtype=torch.long, device=out.device)
+    hit = torch.isin(out, stop) & (index <= num_accepted.to(out.device))
+    return torch.where(hit, index, out.shape[0]).min()
+
+
+def _verify_tree(tree: TreeLogits, draft_: Draft, parents: list[int], sampling: Sampling,
+                 generator: torch.Generator) -> Verdict:
+    if sampling.greedy:
+        return verify_tree_greedy(tree.argmax, draft_.tokens, parents)
+    return verify_tree(lambda row: probabilities(tree.row(row), sampling), draft_.tokens, parents, draft_.probs,
+                       generator)
+
+
+def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...]) -> DraftContext:
+    return DraftContext(run.tokens[: run.length], run.sampling, run.generator, run.lm, run.lm.vocab_size, hidden,
+                        accepted, run.engine)
+
+
+def _call(run: Run, method: str, *args: Any) -> Any:
+    """The drafter's `method`; whatever it raises comes back as a DraftError naming it and the method."""
+    try:
+        return getattr(run.drafter, method)(*args)
+    except DraftError:
+        raise
+    except Exception as error:
+        raise DraftError(f"drafter {run.name!r} raised in {method}: {type(error).__name__}: {error}") from error
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
