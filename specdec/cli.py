@@ -24,7 +24,7 @@ import torch
 
 from specdec import plugins
 from specdec.cli_bench import add_bench_command
-from specdec.cli_common import CLIError, one_line
+from specdec.cli_common import CLIError, add_model_options, load_target, model_device, one_line
 from specdec.cli_trace import add_trace_command
 from specdec.cli_train import add_train_command
 from specdec.cli_verify import add_verify_command
@@ -33,9 +33,6 @@ from specdec.generate import generate
 from specdec.types import Sampling, Stats
 
 __all__ = ["main", "parse_drafter_spec", "parse_value", "stats_line"]
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
 
 def parse_value(text: str) -> int | float | bool | str:
     """A drafter option value: an int, a float, true/false (any case), else the string itself."""
@@ -120,35 +117,6 @@ def _make_drafter(spec: str | None) -> Any:
         raise CLIError(one_line(error)) from None
 
 
-def _model_directory(directory: str) -> Path:
-    path = Path(directory)
-    if not (path / "config.json").is_file():
-        raise CLIError(f"--target {directory!r} is not a model directory (no config.json in it)")
-    return path
-
-
-def _device(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except RuntimeError as error:
-        raise CLIError(f"--device {text!r} is not a torch device: {one_line(error)}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CLIError(f"--device {text!r} asks for CUDA but torch sees no CUDA device; use --device cpu")
-    return device
-
-
-def _load_target(path: Path, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
-    """(tokenizer, model in eval mode) from a local checkpoint directory."""
-    from specdec.checkpoints import load_causal_lm, load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(path)
-        model = load_causal_lm(path, dtype=dtype)
-    except (OSError, ValueError, KeyError) as error:
-        raise CLIError(f"cannot load --target {str(path)!r}: {one_line(error)}") from None
-    return tokenizer, model.to(device).eval()  # type: ignore[arg-type]
-
-
 def _tokenizer_eos_ids(tokenizer: Any, model: Any) -> list[int]:
     """EOS ids from the model's generation config and the tokenizer, merged."""
     ids: set[int] = set()
@@ -175,9 +143,11 @@ def _generate_command(args: argparse.Namespace) -> int:
     for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens)):
         if value < 0:
             raise CLIError(f"{flag} must be >= 0, got {value}")
-    path, device = _model_directory(args.target), _device(args.device)  # fail before any loading
+    model_device(args.device)  # fail before any loading
+    if not (Path(args.target) / "config.json").is_file():
+        raise CLIError(f"--target {args.target!r} is not a model directory (no config.json in it)")
     drafter = _make_drafter(args.drafter)
-    tokenizer, model = _load_target(path, _DTYPES[args.dtype], device)
+    tokenizer, model = load_target(Path(args.target), args)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise CLIError(f"the prompt {args.prompt!r} tokenises to no tokens; give a non-empty prompt")
@@ -187,11 +157,11 @@ def _generate_command(args: argparse.Namespace) -> int:
             from specdec.cli_trace import traced_generate
 
             result = traced_generate(model, tokenizer, prompt, drafter, args.k, args.max_new_tokens, sampling, eos,
-                                     args.seed, args.trace, args.show_steps)
+                                     args.seed, args.trace, args.show_steps, compile=args.compile)
         else:
             result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
                               max_new_tokens=args.max_new_tokens, sampling=sampling, eos_token_id=eos,
-                              seed=args.seed)
+                              seed=args.seed, compile=args.compile)
     except (ValueError, OSError) as error:
         raise CLIError(one_line(error)) from None
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -215,8 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 disables (default)")
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
-    gen.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="default float32")
-    gen.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_model_options(gen)
     gen.add_argument("--trace", metavar="FILE.html", default=None, help="write every step as a page")
     gen.add_argument("--show-steps", action="store_true", help="print every step, coloured by verdict")
     gen.set_defaults(run=_generate_command)

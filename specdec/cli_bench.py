@@ -3,6 +3,7 @@
     specdec bench                                   # the zoo, every drafter, held-out code prompts
     specdec bench --target DIR --drafter ngram --drafter draft-model:model=SMALL --k 2 4 8
     specdec bench --prompts question.jsonl --k auto --temperature 0.7 --out results/
+    specdec bench --engine both                     # every specdec row eager and compiled
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec.cli_common import CLIError, one_line
+from specdec.cli_common import CLIError, add_model_options, load_target, one_line
 
 __all__ = ["add_bench_command", "parse_k"]
 
@@ -57,8 +58,7 @@ def _default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, A
 def _bench(args: argparse.Namespace) -> int:
     from specdec.bench.plots import write_plots
     from specdec.bench.report import table
-    from specdec.bench.session import BenchConfig, run_session
-    from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.bench.session import ENGINES, BenchConfig, run_session
     from specdec.cli import parse_drafter_spec
     from specdec.training.optim import progress
     from specdec.types import Sampling
@@ -86,11 +86,13 @@ def _bench(args: argparse.Namespace) -> int:
             drafters, skipped = _default_drafters(zoo_dir)
             for line in skipped:
                 print(f"specdec: skipping drafter {line}", file=sys.stderr)
+        engine = "compiled" if args.compile else args.engine
         config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
                              seed=args.seed, peers=not args.no_peers,
-                             prompts=Path(args.prompts) if args.prompts else None)
-        model, tokenizer = load_causal_lm(target), load_tokenizer(target)
+                             prompts=Path(args.prompts) if args.prompts else None,
+                             engines=ENGINES if engine == "both" else (engine,))
+        tokenizer, model = load_target(target, args)
         bars: list[Any] = []
 
         def advance_factory(total: int) -> Any:
@@ -151,4 +153,7 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="default ./bench-results")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--engine", choices=("eager", "compiled", "both"), default="eager",
+                       help="specdec's rows eager, compiled, or both side by side (default eager)")
+    add_model_options(bench)
     bench.set_defaults(run=_bench)

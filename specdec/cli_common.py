@@ -1,8 +1,15 @@
-"""What every `specdec` subcommand shares: the user-error type and its one-line message."""
+"""What every `specdec` subcommand shares: the user-error type and its one-line message, and the
+options and loading of the models a command runs (`--device`, `--dtype`, `--compile`)."""
 
 from __future__ import annotations
 
-__all__ = ["CLIError", "one_line"]
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DTYPES", "CLIError", "add_model_options", "load_target", "model_device", "one_line"]
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class CLIError(Exception):
@@ -12,3 +19,44 @@ class CLIError(Exception):
 def one_line(error: BaseException) -> str:
     """The error's message on one line (its type name when it has none)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def add_model_options(parser: argparse.ArgumentParser, compile: bool = True) -> None:
+    """--device and --dtype (and --compile) for a command that runs a model."""
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:1 (default cpu); "
+                        "drafters follow the target")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the target's dtype (default float32); probabilities stay float32")
+    if compile:
+        parser.add_argument("--compile", action="store_true",
+                            help="compile the fixed-shape steps (torch.compile; CUDA graphs on CUDA)")
+
+
+def model_device(text: str) -> Any:
+    """The torch device `text` names; a CLIError when it is malformed or absent."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise CLIError(f"--device {text!r} is not a torch device: {one_line(error)}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device {text!r} asks for CUDA but torch sees no CUDA device; use --device cpu")
+    return device
+
+
+def load_target(path: Path, args: argparse.Namespace) -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode on args.device in args.dtype) from a local checkpoint directory."""
+    import torch
+
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+
+    device = model_device(args.device)
+    if not (path / "config.json").is_file():
+        raise CLIError(f"--target {str(path)!r} is not a model directory (no config.json in it)")
+    try:
+        tokenizer = load_tokenizer(path)
+        model = load_causal_lm(path, dtype=getattr(torch, args.dtype))
+    except (OSError, ValueError, KeyError) as error:
+        raise CLIError(f"cannot load --target {str(path)!r}: {one_line(error)}") from None
+    return tokenizer, model.to(device).eval()

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec.cli_common import CLIError, one_line
+from specdec.cli_common import CLIError, add_model_options, load_target, one_line
 
 __all__ = ["add_trace_command", "traced_generate"]
 
 
 def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any, k: int, max_new_tokens: int,
                     sampling: Any, eos: list[int] | None, seed: int | None, html: str | None,
-                    show_steps: bool) -> Any:
+                    show_steps: bool, compile: bool = False) -> Any:
     """Generate with a trace; write the page and/or print the step view; returns the Generation."""
     from specdec.generate import generate
     from specdec.trace import Trace
@@ -23,7 +23,7 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
 
     trace = Trace()
     result = generate(model, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=max_new_tokens,
-                      sampling=sampling, eos_token_id=eos, seed=seed, trace=trace)
+                      sampling=sampling, eos_token_id=eos, seed=seed, trace=trace, compile=compile)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids))
@@ -32,7 +32,8 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
         for line in trace_lines(trace, decode, colour=sys.stdout.isatty()):
             print(line)
     if html:
-        plain = generate(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, seed=seed)
+        plain = generate(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, eos_token_id=eos, seed=seed,
+                         compile=compile)
         per_token = plain.stats.wall_seconds / max(1, plain.stats.new_tokens)
         name = getattr(drafter, "name", "plain decoding") if drafter is not None else "plain decoding"
         Path(html).write_text(trace_html(trace, decode, per_token, f"specdec trace: {name}, k = {k}"),
@@ -43,7 +44,6 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
 
 def _trace(args: argparse.Namespace) -> int:
     from specdec import zoo
-    from specdec.checkpoints import load_causal_lm, load_tokenizer
     from specdec.cli import parse_drafter_spec, stats_line
     from specdec.plugins import make_drafter
     from specdec.types import Sampling
@@ -58,7 +58,7 @@ def _trace(args: argparse.Namespace) -> int:
         if directory is not None and not options:
             options = zoo.drafter_options(directory).get(name, {})
         drafter = make_drafter(name, **options)
-        tokenizer, model = load_tokenizer(target), load_causal_lm(target)
+        tokenizer, model = load_target(target, args)
         text = args.prompt
         if text is None:
             from specdec.corpus import stdlib_corpus
@@ -69,7 +69,7 @@ def _trace(args: argparse.Namespace) -> int:
         if not prompt:
             raise ValueError(f"the prompt {text!r} tokenises to no tokens; give a non-empty prompt")
         result = traced_generate(model, tokenizer, prompt, drafter, args.k, args.max_new_tokens, sampling, None,
-                                 args.seed, args.out, not args.quiet)
+                                 args.seed, args.out, not args.quiet, compile=args.compile)
     except (ValueError, TypeError, OSError, KeyError) as error:
         raise CLIError(one_line(error)) from None
     print(stats_line(result.stats))
@@ -93,4 +93,5 @@ def add_trace_command(commands: Any) -> None:
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--out", default="trace.html", metavar="FILE", help="default ./trace.html")
     trace.add_argument("--quiet", action="store_true", help="no step view in the terminal")
+    add_model_options(trace)
     trace.set_defaults(run=_trace)

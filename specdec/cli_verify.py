@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specdec.cli_common import CLIError, one_line
+from specdec.cli_common import CLIError, add_model_options, load_target, one_line
 
 __all__ = ["add_verify_command", "probe_html", "probe_text"]
 
@@ -58,7 +58,6 @@ def probe_html(result: Any, tokenizer: Any, prefix: str) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from specdec.checkpoints import load_causal_lm, load_tokenizer
     from specdec.probe import probe
 
     try:
@@ -68,7 +67,7 @@ def _verify(args: argparse.Namespace) -> int:
             target = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir) / "target"
         else:
             target = Path(args.target)
-        tokenizer, model = load_tokenizer(target), load_causal_lm(target)
+        tokenizer, model = load_target(target, args)
         encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
         result = probe(model, encode(args.prefix), encode(args.continuation), top=args.top)
     except (ValueError, OSError, KeyError) as error:
@@ -90,4 +89,5 @@ def add_verify_command(commands: Any) -> None:
     verify.add_argument("--cache-dir", metavar="DIR", default=None)
     verify.add_argument("--top", type=int, default=5, help="target top tokens to show (default 5)")
     verify.add_argument("--html", metavar="FILE", default=None, help="also write the probe as a page")
+    add_model_options(verify, compile=False)
     verify.set_defaults(run=_verify)

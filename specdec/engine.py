@@ -8,8 +8,9 @@ CUDA graphs (`mode="reduce-overhead"`); their outputs are copied out, since the 
 overwrites them. Graphs live in torch's cache of the function's code, so a later call with
 the same shapes (another generate call, another model of the same class and shapes) reuses them.
 
-A step that dynamo or inductor cannot compile warns once, naming the reason, and runs eagerly
-from then on; nothing it computed is lost, since a failed compilation runs nothing.
+A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
+then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
+nothing ran twice), and an error the eager run raises as well is the step's own, raised as is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from specdec.cache import static_capacity
 
-__all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures"]
+__all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures", "compile_seconds"]
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function: shapes x models x dtypes a process may meet
 UNDECLARED_NODES = 64  # the tree budget of a drafter without max_draft_nodes
@@ -68,16 +69,19 @@ class Engine:
 _FAILED: dict[tuple[Any, ...], str] = {}  # (function, model class) -> why it did not compile
 
 
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process so far (dynamo and inductor), for
+    reporting compilation apart from decoding."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:  # a torch without the metric
+        return 0.0
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
+
+
 def compile_failures() -> dict[tuple[Any, ...], str]:
     """The steps that could not be compiled in this process, and why (for diagnostics and tests)."""
     return dict(_FAILED)
-
-
-def _compile_errors() -> tuple[type[BaseException], ...]:
-    import torch._dynamo.exc as dynamo_errors
-    import torch._inductor.exc as inductor_errors
-
-    return (dynamo_errors.TorchDynamoException, inductor_errors.InductorError, inductor_errors.CppCompileError)
 
 
 class Step:
@@ -114,13 +118,14 @@ class Step:
             torch.compiler.cudagraph_mark_step_begin()
         try:
             out = self._compiled(*args)
-        except _compile_errors() as error:
+        except Exception as error:  # dynamo and inductor raise many kinds; an eager run tells which it was
+            out = self.fn(*args)  # a real error in `fn` is raised here, uncompiled
             reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
-            _FAILED[self.key] = reason
+            _FAILED[self.key] = f"{type(error).__name__}: {reason[:300]}"
             self._compiled = None
-            warnings.warn(f"specdec: cannot compile {self.name} ({type(error).__name__}: {reason[:300]}); "
-                          "it runs eagerly", stacklevel=3)
-            return self.fn(*args)
+            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key]}); it runs eagerly",
+                          stacklevel=3)
+            return out
         return _clone(out) if self.cuda_graphs else out
 
 

@@ -63,7 +63,7 @@ def test_records_cover_every_contender_and_category(bench_run):
     drafters = ["ngram", "draft-model", "medusa", "eagle", "mtp"]
     assert labels[0] == "plain" and {f"{d}:k={k}" for d in drafters for k in (K, "auto")} <= set(labels)
     assert {f"{d}+tree:k={k}" for d in drafters for k in (K, "auto")} <= set(labels)  # each drafter's tree row
-    assert {"hf-plain", "hf-prompt-lookup", "hf-assisted"} <= set(labels)
+    assert {"hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted"} <= set(labels)
     assert {r["category"] for r in records} == {"coding", "docs", "all"}
     for record in records:
         for measure in MEASURES:
@@ -94,11 +94,37 @@ def test_figures_are_consistent_with_the_runs(bench_run):
             assert r["draft_size"]["mean"] > 0 and r["verify_ms"]["mean"] > 0, r["contender"]
     wide = [r for r in trees if r["k"] == K and r["drafter"] in ("eagle", "mtp", "draft-model", "medusa")]
     assert all(r["draft_size"]["mean"] > K for r in wide)  # more nodes than a chain's k
-    assert document["tree_forward_costs"] and all(v > 0 for v in document["tree_forward_costs"].values())
+    assert document["tree_forward_costs"]["eager"] and all(v > 0 for v in document["tree_forward_costs"]["eager"].values())
+    assert list(document["forward_costs"]) == ["eager"] and document["compile_seconds"] > 0  # hf-static compiles
     auto = [r for r in document["records"] if r["k"] == "auto" and r["category"] == "all"]
     assert all(1 <= r["mean_draft_length"] <= 12 for r in auto)
     plain = next(r for r in document["records"] if r["contender"] == "plain" and r["category"] == "all")
     assert plain["runs"] == 2 * 3  # repeats x turns; the warm-up round is not recorded
+
+
+def test_both_engines_side_by_side_each_row_over_plain_on_its_own_engine(quick_zoo: Path, spec_bench_file: Path,
+                                                                        tmp_path: Path):
+    code = cli.main(["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--prompts", str(spec_bench_file),
+                     "--drafter", "ngram", "--drafter", f"draft-model:model={quick_zoo / 'draft-model'}",
+                     "--engine", "both", "--repeats", "1", "--warmup", "1", "--max-new-tokens", str(NEW),
+                     "--no-peers", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    document = json.loads((tmp_path / "results.json").read_text())
+    records = {r["contender"]: r for r in document["records"] if r["category"] == "all"}
+    assert list(records) == ["plain", "plain@compiled", "ngram", "ngram@compiled", "draft-model",
+                             "draft-model@compiled"]
+    assert set(document["forward_costs"]) == {"eager", "compiled"}
+    for label, record in records.items():
+        assert record["engine"] == ("compiled" if label.endswith("@compiled") else "eager")
+        assert record["same_as_plain"] is True, label
+    assert records["plain@compiled"]["speedup"]["mean"] == pytest.approx(1.0)  # over itself
+    assert records["plain"]["speedup_over_eager"]["mean"] == pytest.approx(1.0)
+    assert records["plain@compiled"]["compile_seconds"] > 0 and records["plain"]["compile_seconds"] == 0
+    for label in ("ngram", "draft-model"):  # each compiled row is over compiled plain
+        compiled, plain = records[f"{label}@compiled"], records["plain@compiled"]
+        ratio = plain["tokens_per_second"]["mean"] / compiled["tokens_per_second"]["mean"]
+        assert compiled["speedup"]["mean"] == pytest.approx(1 / ratio, rel=0.35)
+        assert compiled["ideal_speedup"]["mean"] > 0
 
 
 def test_turns_carry_the_previous_answer():

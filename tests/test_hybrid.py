@@ -226,3 +226,16 @@ def test_sampling_with_rejections_is_lossless_on_a_hybrid_target():
     assert 0 < accepted < drafted and deep > 0, (drafted, accepted, deep)
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, sampling))
     assert p_value >= ALPHA, f"hybrid target with a draft model is not lossless: chi-square p = {p_value:.3g}"
+
+
+def test_compile_keeps_a_hybrid_target_on_its_snapshot_and_replay_path_with_one_message(hybrid):
+    """The hybrid target decodes eagerly on its dynamic cache; its llama draft model compiles."""
+    prompt = [3, 17, 9, 3, 17, 9, 3, 17]
+    draft = tiny_model("llama", vocab_size=64, seed=1, dtype=torch.float32).double()
+    with pytest.warns(UserWarning, match="Qwen3NextForCausalLM decodes eagerly: its linear-attention layers") as caught:
+        result = specdec.generate(hybrid, prompt, drafter=DraftModelDrafter(draft), max_new_tokens=20, compile=True)
+    assert sum("decodes eagerly" in str(w.message) for w in caught) == 1
+    assert result.tokens == hf_greedy(hybrid, prompt, 20)
+    lm = CausalLM(hybrid)
+    lm.reset(256, compile=True)
+    assert not lm.static and not lm.compiled

@@ -101,13 +101,13 @@ def chi_square_p_value(counts: np.ndarray, probs: np.ndarray) -> float:
 
 
 def sample_counts(model: PreTrainedModel, drafter: object, sampling: Sampling,
-                  runs: int = RUNS) -> tuple[np.ndarray, int, int, int]:
+                  runs: int = RUNS, compile: bool = False) -> tuple[np.ndarray, int, int, int]:
     """Counts [V**3] of N generated continuations, and total drafted / accepted / deep chains."""
     outcomes: Counter[tuple[int, ...]] = Counter()
     drafted = accepted = deep = 0
     for seed in range(runs):
         result = specdec.generate(model, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT,
-                                  max_new_tokens=LENGTH, sampling=sampling, seed=seed)
+                                  max_new_tokens=LENGTH, sampling=sampling, seed=seed, compile=compile)
         assert len(result.tokens) == LENGTH, f"seed {seed}: got {result.tokens}, expected {LENGTH} tokens"
         outcomes[tuple(result.tokens)] += 1
         drafted += result.stats.drafted

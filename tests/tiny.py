@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import (
     GPT2Config,
@@ -66,3 +68,34 @@ def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) ->
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                          do_sample=False, pad_token_id=0, eos_token_id=None)
     return out[0, len(prompt):].tolist()
+
+
+NEAR_TIE_ULPS = 4  # the top-2 logit gap, in units in the last place of the top logit, below which rounding may pick either
+
+
+def _ulp(value: float, dtype: torch.dtype) -> float:
+    """The spacing of `dtype` numbers near `value`."""
+    return 2.0 ** math.floor(math.log2(max(abs(value), torch.finfo(dtype).tiny))) * torch.finfo(dtype).eps
+
+
+def assert_greedy_matches_up_to_near_ties(model: PreTrainedModel, prompt: list[int], ours: list[int],
+                                          reference: list[int]) -> None:
+    """Pass when two greedy outputs of `model` agree, or first differ where its top-2 logits (one
+    forward over the prompt and the common prefix) are within NEAR_TIE_ULPS units in the last
+    place of the top logit, in the model's dtype: there two correct computations that round
+    differently may pick either token. Fail otherwise."""
+    common = min(len(ours), len(reference))
+    differing = next((i for i in range(common) if ours[i] != reference[i]), None)
+    if differing is None:
+        assert len(ours) == len(reference), f"lengths differ: {len(ours)} against {len(reference)}"
+        return
+    ids = torch.tensor([prompt + reference[:differing]], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, -1]  # (V,)
+    top = logits.float().topk(2).values
+    gap = float(top[0] - top[1])
+    bound = NEAR_TIE_ULPS * _ulp(float(top[0]), logits.dtype)
+    assert gap <= bound, (f"greedy outputs differ at new token {differing} ({ours[differing]} against "
+                          f"{reference[differing]}) where the top-2 logit gap {gap:.4g} exceeds the near-tie bound "
+                          f"{bound:.4g} ({NEAR_TIE_ULPS} ulps of {float(top[0]):.4g} in {logits.dtype}): not a "
+                          "rounding tie")

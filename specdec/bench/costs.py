@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.cache import static_capacity
 from specdec.target import CausalLM
 
 __all__ = ["forward_costs", "ideal_speedup", "tree_forward_costs"]
@@ -20,16 +21,17 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int,
-                  step: Callable[[torch.Tensor, int], None]) -> dict[int, float]:
+                  step: Callable[[torch.Tensor, int], None], compile: bool) -> dict[int, float]:
     """Median seconds of `step(ids, base)` for n new ids after `prefix` [P] is cached, per n in
     `sizes`; the cache is rolled back to the prefix after each, and emptied at the end.
 
-    The sizes are timed round-robin (one of each per round, after a warm-up round), so a slow
-    spell of the machine touches every size alike rather than the ones measured during it.
+    The sizes are timed round-robin (one of each per round, after a warm-up round, which also
+    compiles them when `compile`), so a slow spell of the machine touches every size alike rather
+    than the ones measured during it. The cache is static, sized as a generation's would be.
     """
     if prefix.numel() < 1:
         raise ValueError("forward_costs needs a non-empty prefix")
-    lm.reset()
+    lm.reset(static_capacity(prefix.numel() + 2 * max(sizes)), compile=compile)
     lm.forward(prefix.to(lm.device), keep=1)
     base = lm.cache_length
     ordered = sorted(set(sizes))
@@ -49,21 +51,24 @@ def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
 
 
 @torch.inference_mode()
-def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15) -> dict[int, float]:
-    """Median seconds of a forward of n tokens after `prefix` [P] is cached, for each n in `sizes`.
+def forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15,
+                  compile: bool = False) -> dict[int, float]:
+    """Median seconds of a forward of n tokens after `prefix` [P] is cached, for each n in `sizes`,
+    as the decode loop runs it: a fixed-shape step, compiled when `compile`.
 
     The cache is rolled back after each forward, so every timing sees the same prefix; the
     forward keeps the logits of all n positions, as a verify forward does.
     """
 
     def step(ids: torch.Tensor, base: int) -> None:
-        lm.forward(ids, keep=ids.shape[0])
+        lm.forward(ids, keep=ids.shape[0], rows=ids.shape[0])
 
-    return _median_costs(lm, prefix, sizes, repeats, step)
+    return _median_costs(lm, prefix, sizes, repeats, step, compile)
 
 
 @torch.inference_mode()
-def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15) -> dict[int, float]:
+def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int = 15,
+                       compile: bool = False) -> dict[int, float]:
     """Median seconds of a tree verify forward of n rows (the root and n - 1 nodes) after `prefix`:
     the 4D-masked forward, the LM head on the root's row, and gathering the path back into place.
 
@@ -71,10 +76,10 @@ def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], rep
     """
 
     def step(ids: torch.Tensor, base: int) -> None:
-        lm.forward_tree(ids, list(range(-1, ids.shape[0] - 2))).argmax(0)
+        lm.forward_tree(ids, list(range(-1, ids.shape[0] - 2)), rows=ids.shape[0]).argmax(0)
         lm.keep_path(base, [0])
 
-    return _median_costs(lm, prefix, sizes, repeats, step)
+    return _median_costs(lm, prefix, sizes, repeats, step, compile)
 
 
 def ideal_speedup(mean_accepted_length: float, t1: float, t_verify: float, t_draft: float) -> float:

@@ -1,5 +1,10 @@
-"""transformers' own decoding as rows of the bench: `generate` plain, with prompt lookup
+"""transformers' own decoding as rows of the bench: `generate` plain (eager, and its best
+configuration: `cache_implementation="static"` with its compiled forward), with prompt lookup
 (`prompt_lookup_num_tokens`) and with an assistant model (constant k, no confidence cut).
+
+transformers compiles the forward of a static-cache `generate` on its own on CUDA
+(`mode="reduce-overhead"`); elsewhere it needs a `CompileConfig` that allows every device, given
+here with its default mode.
 
 transformers reads the assisted-generation schedule from the ASSISTANT's generation_config,
 not from `generate`'s arguments; it is set there, or transformers adapts k on its own.
@@ -21,7 +26,7 @@ from specdec.types import Sampling, Stats
 
 __all__ = ["PEERS", "hf_generate"]
 
-PEERS = ("hf-plain", "hf-prompt-lookup", "hf-assisted")
+PEERS = ("hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted")
 
 
 def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int, max_new_tokens: int,
@@ -30,7 +35,9 @@ def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int,
     if peer not in PEERS:
         raise ValueError(f"unknown transformers peer {peer!r}; choose from {PEERS}")
     extra: dict[str, Any] = {}
-    if peer == "hf-prompt-lookup":
+    if peer == "hf-static":
+        extra = {"cache_implementation": "static", "compile_config": _compile_config(model)}
+    elif peer == "hf-prompt-lookup":
         extra = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 3}
     elif peer == "hf-assisted":
         if assistant is None:
@@ -60,3 +67,15 @@ def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int,
         handle.remove()
     tokens = out[0, ids.shape[1]:].tolist()
     return tokens, Stats(steps=forwards[0], new_tokens=len(tokens), wall_seconds=wall)
+
+
+def _compile_config(model: PreTrainedModel) -> Any:
+    """transformers' compile settings for a static-cache `generate`: its defaults on CUDA, its
+    default mode (no CUDA graphs) on other devices, where it compiles only when told to."""
+    from transformers import CompileConfig
+
+    if model.device.type == "cuda":
+        return CompileConfig()
+    config = CompileConfig(mode="default")
+    config._compile_all_devices = True
+    return config

@@ -17,9 +17,9 @@ from specdec.types import Stats, total_stats
 
 __all__ = ["MEASURES", "SCHEMA", "csv_text", "summarize", "table", "tree_sizes"]
 
-SCHEMA = "specdec-bench/1"
-MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "ideal_speedup",
-            "ideal_ratio", "draft_share", "verify_share", "draft_size", "verify_ms")
+SCHEMA = "specdec-bench/2"
+MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "speedup_over_eager",
+            "ideal_speedup", "ideal_ratio", "draft_share", "verify_share", "draft_size", "verify_ms")
 
 
 def _spread(values: list[float | None]) -> dict[str, float | None]:
@@ -30,7 +30,7 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
 
 
 def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, float] | None,
-             tree_costs: dict[int, float] | None = None) -> dict[str, Any]:
+             tree_costs: dict[int, float] | None = None, eager: Stats | None = None) -> dict[str, Any]:
     mal = stats.mean_accepted_length
     ours = contender.peer is None and stats.steps > 0
     figures: dict[str, Any] = {  # transformers' peers report no draft counters: their rates are None
@@ -38,6 +38,8 @@ def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, 
         "acceptance_rate": stats.acceptance_rate if contender.drafter is not None else None,
         "tokens_per_second": stats.tokens_per_second,
         "speedup": plain.wall_seconds / stats.wall_seconds if stats.wall_seconds else None,
+        "speedup_over_eager": eager.wall_seconds / stats.wall_seconds if eager is not None and stats.wall_seconds
+        else None,
         "draft_share": stats.draft_seconds / stats.wall_seconds if contender.peer is None and stats.wall_seconds
         else None,
         "verify_share": stats.verify_seconds / stats.wall_seconds if contender.peer is None and stats.wall_seconds
@@ -83,10 +85,16 @@ def tree_sizes(runs: Sequence[Run], contenders: Sequence[Contender]) -> list[int
     return sorted(sizes)
 
 
-def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[int, float] | None,
-              greedy: bool, tree_costs: dict[int, float] | None = None) -> list[dict[str, Any]]:
-    """Records per contender and category ("all" last), in contender order. Tree contenders'
-    ideal speedups use `tree_costs` (T of a tree forward by row count) where measured."""
+def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[str, dict[int, float]] | None,
+              greedy: bool, tree_costs: dict[str, dict[int, float]] | None = None,
+              compiled: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Records per contender and category ("all" last), in contender order.
+
+    costs and tree_costs: T of a forward by row count, per engine ("eager", "compiled"); tree
+    contenders' ideal speedups use the tree costs where measured. A contender's speedup is over
+    its baseline (plain decoding on its engine); speedup_over_eager over eager plain decoding
+    when it ran. compiled: the seconds each contender spent compiling."""
+    eager_plain = next((c.label for c in contenders if c.drafter is None and c.peer is None and not c.compile), None)
     categories = sorted({r.category for r in runs}) + ["all"]
     repeats = sorted({r.repeat for r in runs})
     plain_tokens = {(r.question, r.turn, r.repeat): r.tokens for r in runs if r.contender == "plain"}
@@ -100,12 +108,21 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
             per_repeat = []
             for repeat in repeats:
                 stats = total_stats([r.stats for r in chosen if r.repeat == repeat])
-                plain = total_stats([r.stats for r in runs if r.contender == "plain" and r.repeat == repeat
-                                     and category in ("all", r.category)])
-                per_repeat.append(_figures(stats, plain, contender, costs, tree_costs))
+
+                def baseline(label: str | None) -> Stats | None:
+                    return None if label is None else total_stats(
+                        [r.stats for r in runs if r.contender == label and r.repeat == repeat
+                         and category in ("all", r.category)])
+
+                plain = baseline(contender.baseline)
+                assert plain is not None
+                engine_costs = (costs or {}).get(contender.engine)
+                per_repeat.append(_figures(stats, plain, contender, engine_costs,
+                                           (tree_costs or {}).get(contender.engine), baseline(eager_plain)))
             record: dict[str, Any] = {"contender": contender.label, "drafter": contender.drafter,
                                       "peer": contender.peer, "k": contender.k, "tree": contender.tree,
-                                      "category": category,
+                                      "engine": None if contender.peer else contender.engine, "category": category,
+                                      "compile_seconds": (compiled or {}).get(contender.label, 0.0),
                                       "runs": len(chosen), "new_tokens": sum(r.stats.new_tokens for r in chosen)}
             for measure in MEASURES:
                 record[measure] = _spread([f[measure] for f in per_repeat])
@@ -133,18 +150,25 @@ HEADER = ("contender", "k", "mean acc. len", "acceptance", "nodes", "verify ms",
 
 
 def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
-    """The records of one category as an aligned text table."""
-    rows = [HEADER]
-    for r in (r for r in records if r["category"] == category):
+    """The records of one category as an aligned text table; with compiled rows, two more
+    columns: the speedup over eager plain decoding, and the seconds spent compiling."""
+    chosen = [r for r in records if r["category"] == category]
+    compiled = any(r.get("engine") == "compiled" for r in chosen)
+    header = HEADER + (("vs eager", "compile s") if compiled else ())
+    rows = [header]
+    for r in chosen:
         same = "-" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
         share = r["draft_share"]
-        rows.append((r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
-                     _cell(r["acceptance_rate"], 2, spread=False), _cell(r["draft_size"], 1, spread=False),
-                     _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
-                     _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),
-                     _cell(r["ideal_ratio"], 2, spread=False),
-                     "-" if share["mean"] is None else f"{share['mean']:.0%}", same))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+        row = (r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
+               _cell(r["acceptance_rate"], 2, spread=False), _cell(r["draft_size"], 1, spread=False),
+               _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
+               _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),
+               _cell(r["ideal_ratio"], 2, spread=False),
+               "-" if share["mean"] is None else f"{share['mean']:.0%}", same)
+        if compiled:
+            row += (_cell(r["speedup_over_eager"], 2, "x", spread=False), f"{r['compile_seconds']:.1f}")
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
@@ -153,14 +177,15 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
 def csv_text(records: Sequence[dict[str, Any]]) -> str:
     """One CSV row per record: each measure as `<name>_mean` and `<name>_std` columns."""
     out = io.StringIO()
-    columns = ["contender", "drafter", "peer", "k", "tree", "category", "runs", "new_tokens"]
+    columns = ["contender", "drafter", "peer", "k", "tree", "engine", "category", "runs", "new_tokens",
+               "compile_seconds"]
     columns += [f"{m}_{part}" for m in MEASURES for part in ("mean", "std")]
     columns += ["acceptance_per_position", "mean_draft_length", "same_as_plain"]
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in records:
-        row = {key: r[key] for key in ("contender", "drafter", "peer", "k", "tree", "category", "runs", "new_tokens",
-                                       "mean_draft_length", "same_as_plain")}
+        row = {key: r[key] for key in ("contender", "drafter", "peer", "k", "tree", "engine", "category", "runs",
+                                       "new_tokens", "compile_seconds", "mean_draft_length", "same_as_plain")}
         for m in MEASURES:
             row[f"{m}_mean"], row[f"{m}_std"] = r[m]["mean"], r[m]["std"]
         row["acceptance_per_position"] = ";".join("" if v is None else f"{v:.4f}" for v in r["acceptance_per_position"])

@@ -19,9 +19,10 @@ from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
-__all__ = ["BenchConfig", "contenders_for", "drafts_trees", "run_session"]
+__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "run_session"]
 
 _PATH_OPTIONS = ("model", "path")  # options that name files, left out of row labels
+ENGINES = ("eager", "compiled")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class BenchConfig:
     peers: bool = True
     prompts: Path | None = None  # a Spec-Bench question.jsonl; None: held-out code prompts
     prompts_per_category: int = 2
+    engines: tuple[str, ...] = ("eager",)  # "eager" and/or "compiled": specdec's rows on each
+
+    def __post_init__(self) -> None:
+        if not self.engines or any(e not in ENGINES for e in self.engines) or len(set(self.engines)) != len(self.engines):
+            raise ValueError(f"engines must be distinct values of {ENGINES}, got {self.engines!r}")
 
 
 def drafts_trees(name: str, options: dict[str, Any]) -> bool:
@@ -58,14 +64,15 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
     return bool(declared) and all(options.get(key) == value for key, value in declared.items())
 
 
-def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool
-                   ) -> list[Contender]:
+def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool,
+                   engines: Sequence[str] = ("eager",)) -> list[Contender]:
     """Plain decoding, each drafter at each k (a drafter's own `k` option wins), then the peers.
 
     A drafter in tree mode is labelled NAME+tree; rows that would share a label get their
-    options appended.
+    options appended. With both engines every specdec row comes twice, eager then compiled
+    (labelled NAME@compiled), each compared with plain decoding on its own engine.
     """
-    out = [Contender("plain")]
+    out: list[Contender] = []
     rows: list[tuple[str, str, dict[str, Any], int | str, bool]] = []
     for name, options in drafters:
         own = dict(options)
@@ -75,14 +82,21 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             base = f"{name}+tree" if tree else name
             rows.append((f"{base}:k={k}" if len(ks) > 1 or k == "auto" else base, name, own, k, tree))
     labels = [label for label, *_ in rows]
+    named: list[tuple[str, str | None, dict[str, Any], int | str, bool]] = []
     for label, name, own, k, tree in rows:
         if labels.count(label) > 1:
             shown = ",".join(f"{key}={value}" for key, value in own.items() if key not in _PATH_OPTIONS)
             label = f"{label}[{shown}]"
-        out.append(Contender(label, name, own, k, tree=tree))
+        named.append((label, name, own, k, tree))
+    for label, name, own, k, tree in [("plain", None, {}, 0, False), *named]:
+        for engine in engines:
+            suffix = "@compiled" if engine == "compiled" and len(engines) > 1 else ""
+            out.append(Contender(label + suffix, name, own, k, tree=tree, compile=engine == "compiled",
+                                 baseline="plain" + suffix))
     if peers:
         int_ks = [k for k in ks if isinstance(k, int)] or [4]
         out.append(Contender("hf-plain", peer="hf-plain", k=0))
+        out.append(Contender("hf-static", peer="hf-static", k=0))
         for k in int_ks:
             suffix = f":k={k}" if len(int_ks) > 1 else ""
             out.append(Contender(f"hf-prompt-lookup{suffix}", peer="hf-prompt-lookup", k=k))
@@ -111,14 +125,15 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     questions: tuple[Question, ...] = (load_questions(config.prompts) if config.prompts is not None else
                                        from_prompts(code_prompts(stdlib_corpus(),
                                                                  per_category=config.prompts_per_category)))
-    contenders = contenders_for(config.drafters, config.ks, config.peers)
+    contenders = contenders_for(config.drafters, config.ks, config.peers, config.engines)
     assistant = None
     for contender in contenders:
         if contender.drafter == "draft-model" and config.peers:
             from specdec.checkpoints import load_causal_lm
 
             source = contender.options.get("model")
-            assistant = load_causal_lm(source).to(model.device) if isinstance(source, (str, Path)) else source
+            assistant = (load_causal_lm(source).to(device=model.device, dtype=model.dtype)
+                         if isinstance(source, (str, Path)) else source)
             break
     turns = sum(len(q.turns) for q in questions)
     advance = advance_factory((config.warmup + config.repeats) * turns * len(contenders))
@@ -129,8 +144,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
-    runs = run_bench(model, encode, decode, questions, contenders, config.sampling, config.max_new_tokens,
-                     config.repeats, config.warmup, config.seed, assistant, advance)
+    runs, compiled = run_bench(model, encode, decode, questions, contenders, config.sampling, config.max_new_tokens,
+                               config.repeats, config.warmup, config.seed, assistant, advance)
     from specdec.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
@@ -140,10 +155,13 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     length = int(sum(p.numel() for p in prompts) / len(prompts)) + config.max_new_tokens // 2
     prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
     target = CausalLM(model)
-    costs = forward_costs(target, prefix, sizes)
     needed = tree_sizes(runs, contenders)
-    tree_costs = tree_forward_costs(target, prefix, needed) if needed and target.tree_obstacle is None else {}
-    records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs)
+    costs, tree_costs = {}, {}
+    for engine in config.engines:  # T(n) on each engine, for its rows' ideal speedups
+        costs[engine] = forward_costs(target, prefix, sizes, compile=engine == "compiled")
+        tree_costs[engine] = tree_forward_costs(target, prefix, needed, compile=engine == "compiled") \
+            if needed and target.tree_obstacle is None else {}
+    records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs, compiled)
     document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
                              "target": str(config.target), "prompts": None if config.prompts is None
@@ -151,8 +169,9 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
                              "questions": len(questions), "turns": turns},
-                "forward_costs": {str(n): seconds for n, seconds in costs.items()},
-                "tree_forward_costs": {str(n): seconds for n, seconds in tree_costs.items()}, "records": records}
+                "forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in costs.items()},
+                "tree_forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in tree_costs.items()},
+                "compile_seconds": sum(compiled.values()), "records": records}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out / "results.csv").write_text(csv_text(records))

@@ -1,0 +1,350 @@
+"""The compiled engine: static caches, fixed-shape steps, and compiled decoding that yields the
+tokens of eager decoding.
+
+Compiling is slow on two cores, so the compiled runs here share a few model shapes (graphs are
+kept by torch across calls and tests with the same shapes), and only one architecture takes
+each path beyond plain and chain decoding.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+import specdec
+from specdec import CausalLM, Draft, DraftContext, Sampling
+from specdec.adaptive import AdaptiveDraftLength
+from specdec.cache import KV, static_capacity
+from specdec.drafters import DraftModelDrafter, NgramDrafter
+from specdec.engine import compile_failures
+from specdec.trace import Trace
+from specdec.verifier import DraftError
+
+from drafters_for_tests import RandomTreeDrafter
+from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as STAT_PROMPT, chi_square_p_value,
+                                       exact_distribution, sample_counts)
+from tiny import ARCHITECTURES, assert_greedy_matches_up_to_near_ties, hf_greedy, tiny_model
+
+PROMPT = [5, 9, 14, 22, 5, 9, 14, 22, 5, 9, 14]
+VOCAB = 64
+
+
+def _model(arch: str, dtype: torch.dtype = torch.float32, seed: int = 0, **shape: int) -> PreTrainedModel:
+    model = tiny_model(arch, vocab_size=VOCAB, seed=seed, dtype=dtype, **shape)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+def _graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+# --- static caches ----------------------------------------------------------------------------------
+
+def test_a_static_cache_is_sized_once_in_steps_of_its_capacity_unit() -> None:
+    lm = CausalLM(_model("llama"))
+    lm.reset(static_capacity(300))
+    assert lm.static and lm.kv is not None and lm.kv.capacity == 512
+    layers, heads, head_dim = 2, 2, 8  # tiny_model: 2 layers, 2 KV heads of 32 / 4 dims
+    lm.forward(torch.tensor(PROMPT), keep=1)
+    assert lm.kv.nbytes == layers * 2 * heads * 512 * head_dim * 4  # keys and values, float32
+    first = [layer.keys.data_ptr() for layer in lm.cache.layers]
+    lm.reset(static_capacity(300))
+    assert [layer.keys.data_ptr() for layer in lm.cache.layers] == first, "the same size reuses the buffers"
+
+
+def test_rollback_sets_a_length_and_the_stale_entries_stay_unseen() -> None:
+    model = _model("qwen3", dtype=torch.float64)
+    ids = torch.tensor(PROMPT)
+    fresh = model(input_ids=ids[None]).logits[0]
+    lm = CausalLM(model)
+    lm.reset(256)
+    with torch.inference_mode():
+        lm.forward(ids[:6], keep=1)
+        lm.forward(torch.tensor([1, 2, 3, 4]), keep=4)  # garbage, then rolled back
+        buffers = [layer.keys[:, :, 6:10].clone() for layer in lm.cache.layers]
+        lm.rollback(6)
+        assert all(torch.equal(layer.keys[:, :, 6:10], saved) for layer, saved in zip(lm.cache.layers, buffers)), \
+            "a rollback copies nothing"
+        logits, _ = lm.forward(ids[6:], keep=len(PROMPT) - 6)
+    torch.testing.assert_close(logits, fresh[6:], rtol=0, atol=1e-10)
+
+
+def test_padded_steps_leave_exactly_the_real_ids_in_the_cache() -> None:
+    model = _model("gpt2", dtype=torch.float64)
+    ids = torch.tensor(PROMPT)
+    fresh = model(input_ids=ids[None]).logits[0]
+    lm = CausalLM(model)
+    lm.reset(256)
+    with torch.inference_mode():
+        lm.forward(ids[:5], keep=1)
+        logits, hidden = lm.forward(ids[5:7], keep=1, hidden=True, rows=5)  # 2 ids padded to 5 rows
+        assert lm.cache_length == 7 and hidden is not None and hidden.shape[0] == 2
+        torch.testing.assert_close(logits[0], fresh[6], rtol=0, atol=1e-10)
+        rest, _ = lm.forward(ids[7:], keep=len(PROMPT) - 7)
+    torch.testing.assert_close(rest, fresh[7:], rtol=0, atol=1e-10)
+
+
+def test_a_static_gather_keeps_the_accepted_path_in_place() -> None:
+    model = _model("llama", dtype=torch.float64)
+    static, dynamic = KV(model, 64), KV(model)
+    lm = CausalLM(model)
+    with torch.inference_mode():
+        for kv in (static, dynamic):
+            lm.kv = kv
+            lm.forward(torch.tensor(PROMPT), keep=1)
+            kv.gather(4, [0, 2, 5])
+        assert static.length == dynamic.length == 7
+        for a, b in zip(static.cache.layers, dynamic.cache.layers):
+            torch.testing.assert_close(a.keys[:, :, :7], b.keys, rtol=0, atol=0)
+            torch.testing.assert_close(a.values[:, :, :7], b.values, rtol=0, atol=0)
+
+
+def test_an_overflowing_forward_is_refused_before_it_writes() -> None:
+    lm = CausalLM(_model("llama"))
+    lm.reset(16)
+    with pytest.raises(ValueError, match="overflows the static cache of 16 positions"):
+        lm.forward(torch.arange(17) % VOCAB, keep=1)
+    assert lm.cache_length == 0
+
+
+def test_models_that_cannot_hold_a_static_cache_say_why() -> None:
+    sliding = tiny_model("mistral", vocab_size=VOCAB, sliding_window=4)
+    lm = CausalLM(sliding)
+    assert lm.static_obstacle is not None and "sliding" in lm.static_obstacle
+    lm.reset(256)
+    assert not lm.static, "a sliding-window model keeps its dynamic cache"
+    with pytest.warns(UserWarning, match="decodes eagerly"):
+        result = specdec.generate(sliding, PROMPT, drafter="ngram", max_new_tokens=12, compile=True)
+    assert result.tokens == hf_greedy(sliding, PROMPT, 12)
+
+
+# --- compiled decoding equals eager decoding ------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_compiled_greedy_decoding_equals_eager_on_every_architecture(arch: str) -> None:
+    model = _model(arch)
+    for drafter in (None, NgramDrafter()):
+        eager = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=40)
+        compiled = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=40, compile=True)
+        assert compiled.tokens == eager.tokens
+        assert compiled.stats.steps == eager.stats.steps and compiled.stats.accepted == eager.stats.accepted
+    lm = CausalLM(model)
+    specdec.generate(lm, PROMPT, max_new_tokens=3, compile=True)
+    assert lm.compiled, f"{arch}: the compiled run fell back to eager ({compile_failures()})"
+
+
+def _zoo_rows(directory: object) -> list[tuple[str, str, dict[str, object]]]:
+    from specdec import plugins, zoo
+
+    rows = []
+    for name, options in zoo.drafter_options(directory).items():  # type: ignore[arg-type]
+        rows.append((name, name, options))
+        tree = getattr(plugins.drafter_class(name), "tree_options", None)
+        if tree:
+            rows.append((f"{name}+tree", name, {**options, **tree}))
+    return rows
+
+
+def test_compiled_decoding_equals_eager_for_every_zoo_drafter_with_eos_and_budget_inside_blocks(quick_zoo) -> None:
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(quick_zoo / "target")
+    tokenizer = load_tokenizer(quick_zoo / "target")
+    prompt = tokenizer("def parse(self, text):\n    ", add_special_tokens=False)["input_ids"]
+    plain = specdec.generate(model, prompt, max_new_tokens=40).tokens
+    eos = next(t for t in plain if t != plain[0])  # first seen past the first block (the quick zoo repeats itself)
+    for label, name, options in _zoo_rows(quick_zoo):
+        for budget, stop in ((37, None), (40, eos)):  # a budget, then an EOS, ending inside a block
+            runs = [specdec.generate(model, prompt, drafter=specdec.make_drafter(name, **options), num_draft_tokens=4,
+                                     max_new_tokens=budget, eos_token_id=stop, compile=compile)
+                    for compile in (False, True)]
+            assert runs[1].tokens == runs[0].tokens, f"{label}: compiled {runs[1].tokens} != eager {runs[0].tokens}"
+            expected = plain[: plain.index(eos) + 1] if stop is not None else plain[:budget]
+            assert runs[0].tokens == expected, f"{label}: not plain greedy decoding"
+
+
+def test_compiled_sampling_is_lossless() -> None:
+    target, other = tiny_model(seed=0, **MODEL), tiny_model(seed=1, **MODEL)
+    for drafter in (DraftModelDrafter(other), NgramDrafter(max_ngram=3)):
+        counts, drafted, accepted, _ = sample_counts(target, drafter, PLAIN, compile=True)
+        assert 0 < accepted < drafted
+        p_value = chi_square_p_value(counts, exact_distribution(target, STAT_PROMPT, PLAIN))
+        assert p_value >= ALPHA, f"{drafter.name}: compiled sampling is not lossless: p = {p_value:.3g}"
+
+
+def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
+    """100 tokens, k varying from step to step, an EOS inside an accepted block: one graph per
+    shape (one row, k + 1 rows), not one per step. The draft model is the target itself (every
+    draft accepted, so k climbs), and shares the target's graphs."""
+    model = _model("llama", seed=2, layers=3, hidden=48)  # shapes no other test compiles; a varied output
+
+    def drafter() -> AdaptiveDraftLength:
+        return AdaptiveDraftLength(DraftModelDrafter(model), start=1)
+
+    trace = Trace()
+    reference = specdec.generate(model, PROMPT, drafter=drafter(), num_draft_tokens=6, max_new_tokens=100,
+                                 trace=trace).tokens
+    eos, start = None, 0
+    for step in trace.steps:  # a token first emitted inside a block (neither first nor last), late in the run
+        block = step.emitted
+        fresh = [j for j in range(1, len(block) - 1) if block[j] not in reference[: start + j] and start + j >= 40]
+        if fresh:
+            eos = block[fresh[0]]
+            break
+        start += len(block)
+    assert eos is not None, "no fresh token inside a late block: pick another prompt"
+    before = _graphs()
+    adaptive = drafter()
+    result = specdec.generate(model, PROMPT, drafter=adaptive, num_draft_tokens=6, max_new_tokens=100,
+                              eos_token_id=eos, compile=True)
+    graphs = _graphs() - before
+    assert result.tokens == reference[: reference.index(eos) + 1]
+    assert len(set(adaptive.requested)) >= 3, f"k barely varied: {adaptive.requested}"
+    assert result.stats.steps >= 6 and result.stats.new_tokens < result.stats.steps + result.stats.accepted, \
+        "the EOS must cut an accepted block"
+    assert 1 <= graphs <= 3, f"{graphs} graphs for {result.stats.steps} steps"
+
+
+def test_graphs_are_reused_by_later_calls_with_the_same_shapes() -> None:
+    model = _model("llama")
+    specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=30, compile=True)
+    before = _graphs()
+    again = specdec.generate(_model("llama"), PROMPT[:-2], drafter="ngram", max_new_tokens=24, compile=True)
+    assert _graphs() == before, "a second model of the same class and shapes reuses the graphs"
+    assert again.tokens == specdec.generate(model, PROMPT[:-2], drafter="ngram", max_new_tokens=24).tokens
+
+
+def test_a_tree_run_compiles_one_verify_graph_for_its_node_budget() -> None:
+    model = _model("qwen3", layers=1, hidden=40)
+    reference = hf_greedy(model, PROMPT, 30)
+    before = _graphs()
+    drafter = RandomTreeDrafter(seed=3, branching=3, max_nodes=10)
+    result = specdec.generate(model, PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=30, compile=True)
+    assert result.tokens == reference
+    assert len({len(d.tokens) for d in drafter.drafts}) >= 4, "the trees' sizes must vary"
+    assert _graphs() - before <= 3, "one row, and the tree padded to its budget (the first tree runs eagerly)"
+
+
+class Undecidable(LlamaForCausalLM):
+    """A causal LM whose forward branches on a value computed in it: dynamo cannot compile it whole."""
+
+    def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().forward(*args, **kwargs)
+        if float(out.logits.sum()) > float("inf"):  # never true, but only known at run time
+            raise AssertionError
+        return out
+
+
+def test_a_model_dynamo_cannot_compile_decodes_eagerly_with_a_warning() -> None:
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=None, eos_token_id=None,
+                         pad_token_id=None)
+    torch.manual_seed(0)
+    model = Undecidable(config).eval()
+    with pytest.warns(UserWarning, match="cannot compile the Undecidable forward"):
+        compiled = specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=20, compile=True)
+    assert compiled.tokens == specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=20).tokens
+    assert len(compiled.tokens) == 20
+
+
+# --- bfloat16: mismatches only at near-ties ----------------------------------------------------------
+
+def test_bfloat16_compiled_greedy_matches_transformers_up_to_near_ties() -> None:
+    model = _model("llama", dtype=torch.bfloat16)
+    reference = hf_greedy(model, PROMPT, 40)
+    for drafter in (None, "ngram"):
+        result = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=40, compile=True)
+        assert_greedy_matches_up_to_near_ties(model, PROMPT, result.tokens, reference)
+
+
+def test_the_near_tie_rule_fails_a_mismatch_that_is_no_tie() -> None:
+    model = _model("llama", dtype=torch.bfloat16)
+    reference = hf_greedy(model, PROMPT, 12)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([PROMPT + reference])).logits[0, len(PROMPT) - 1 : -1].float()
+    top = logits.topk(2, dim=-1).values  # (12, 2)
+    clearest = int((top[:, 0] - top[:, 1]).argmax())  # the position furthest from a tie
+    wrong = list(reference)
+    wrong[clearest] = (wrong[clearest] + 1) % VOCAB
+    with pytest.raises(AssertionError, match="not a rounding tie"):
+        assert_greedy_matches_up_to_near_ties(model, PROMPT, wrong, reference)
+
+
+def test_the_verifier_works_in_float32_for_a_bfloat16_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdec.loop as loop
+
+    seen: list[tuple[torch.dtype, torch.dtype | None]] = []
+    verdict = loop.chain_verdict
+
+    def recording(p, tokens, q, generator):  # type: ignore[no-untyped-def]
+        seen.append((p.dtype, None if q is None else q.dtype))
+        return verdict(p, tokens, q, generator)
+
+    monkeypatch.setattr(loop, "chain_verdict", recording)
+    model = _model("llama", dtype=torch.bfloat16)
+    other = tiny_model("llama", vocab_size=VOCAB, seed=1, layers=1, dtype=torch.bfloat16)
+    specdec.generate(model, PROMPT, drafter=DraftModelDrafter(other), max_new_tokens=10,
+                     sampling=Sampling(temperature=0.9), seed=0, compile=True)
+    assert seen and all(p == torch.float32 and q in (torch.float32, None) for p, q in seen), seen
+
+
+# --- a drafter that raises is named -----------------------------------------------------------------------
+
+class Raising(NgramDrafter):
+    name = "raising"
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self._maybe("prefill")
+        super().prefill(ctx)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._maybe("propose")
+        return super().propose(ctx, k)
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        self._maybe("commit")
+        super().commit(ctx, num_accepted)
+
+    def _maybe(self, method: str) -> None:
+        if method == self.method:
+            raise RuntimeError(f"boom in {method}")
+
+
+@pytest.mark.parametrize("method", ["prefill", "propose", "commit"])
+def test_a_drafter_that_raises_is_reported_as_a_draft_error_naming_it(method: str) -> None:
+    with pytest.raises(DraftError, match=f"drafter 'raising' raised in {method}: RuntimeError: boom in {method}") \
+            as error:
+        specdec.generate(_model("llama"), PROMPT, drafter=Raising(method), max_new_tokens=8)
+    assert isinstance(error.value.__cause__, RuntimeError)
+
+
+def test_a_tree_larger_than_the_declared_budget_is_refused_naming_the_drafter() -> None:
+    class Overgrown(RandomTreeDrafter):
+        name = "overgrown"
+
+        def max_draft_nodes(self, k: int) -> int:
+            return 2
+
+    with pytest.raises(DraftError, match="'overgrown' returned a tree of .* max_draft_nodes\\(3\\) is 3"):
+        specdec.generate(_model("llama"), PROMPT, drafter=Overgrown(seed=1, branching=4, max_nodes=12),
+                         num_draft_tokens=3, max_new_tokens=30)
+
+
+def test_compile_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="compile must be True or False, got 'yes'"):
+        specdec.generate(_model("llama"), PROMPT, compile="yes")  # type: ignore[arg-type]
+
+
+def test_warnings_are_not_raised_by_a_clean_compiled_run() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        specdec.generate(_model("llama"), PROMPT, drafter="ngram", max_new_tokens=10, compile=True)
