@@ -192,7 +192,7 @@ class EagleDrafter:
                  depth: int | None = None, value_temperature: float = 1.0) -> None:
         self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_eagle(path)
-        self.steps = HeadSteps(self.head, self.head, "the EAGLE head")
+        self.steps = HeadSteps(self.head, "the EAGLE head")
         self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position
         self._real = 0  # cache entries from real pairs at the last propose
 
@@ -207,7 +207,7 @@ class EagleDrafter:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
         k = ctx.engine.max_draft
-        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1), device=ctx.target.device)
+        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = None
         self._feed_pending(ctx, eager=True)
 

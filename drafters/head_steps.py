@@ -5,7 +5,6 @@ padding is rolled back after it, unseen by the real rows, which come first."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,13 +17,13 @@ __all__ = ["HeadSteps"]
 
 
 class HeadSteps:
-    """`forward(*inputs, cache, mask)` of `head` on its own cache; inputs are [n, ...] tensors
-    (the rows) after any leading non-tensor arguments, such as an MTP stage index."""
+    """`head(*inputs, cache, mask)` on the head's own cache; inputs are [n, ...] tensors (the
+    rows) after any leading non-tensor arguments, such as an MTP stage index."""
 
-    def __init__(self, head: nn.Module, forward: Callable[..., Any], name: str) -> None:
-        self.head, self._forward, self.name = head, forward, name
+    def __init__(self, head: nn.Module, name: str) -> None:
+        self.head, self.name = head, name
         self.kv = KV(head)
-        self._step = Step(self._run, name, False, torch.device("cpu"))
+        self._step = Step(_head_forward, name, False, head)
 
     @property
     def length(self) -> int:
@@ -34,12 +33,13 @@ class HeadSteps:
     def cache(self) -> Any:
         return self.kv.cache
 
-    def reset(self, engine: Engine, extra: int, device: torch.device) -> None:
+    def reset(self, engine: Engine, extra: int) -> None:
         """A cache for this generation (static when the engine sizes one), `extra` rows beyond
-        the committed sequence and the verify; compiled steps when the engine compiles."""
+        the committed sequence and the verify; compiled steps when the engine compiles. Call it
+        after the head has moved to the target's device and dtype."""
         capacity = engine.capacity(extra) if engine.max_length and static_obstacle(self.head) is None else None
         self.kv = KV(self.head, capacity)
-        self._step = Step(self._run, self.name, engine.compile and self.kv.static, device, key=(type(self.head),))
+        self._step = Step(_head_forward, self.name, engine.compile and self.kv.static, self.head)
 
     def width(self, rows: int) -> int:
         """Columns of a tree mask for a forward of `rows` rows."""
@@ -53,18 +53,21 @@ class HeadSteps:
         base = self.kv.length
         self.kv.reserve(max(n, rows or 0))
         if rows is None or not self.kv.static:
-            out = self._forward(*inputs, self.kv.cache, mask)
+            out = _head_forward(self.head, self.kv.cache, mask, *inputs)
             self.kv.advanced(n)
             return out
         padded = [_pad(x, rows) if isinstance(x, torch.Tensor) else x for x in inputs]
-        out = self._step(*padded, mask) if self.kv.initialized else self._run(*padded, mask)
+        if self.kv.initialized:
+            out = self._step(self.kv.cache, mask, *padded)
+        else:  # transformers allocates a static cache on its first write, which must not be compiled
+            out = _head_forward(self.head, self.kv.cache, mask, *padded)
         self.kv.advanced(rows)
         self.kv.rollback(base + n)
         return _rows(out, n)
 
-    def _run(self, *args: Any) -> Any:
-        *inputs, mask = args
-        return self._forward(*inputs, self.kv.cache, mask)
+
+def _head_forward(head: nn.Module, cache: Any, mask: torch.Tensor | None, *inputs: Any) -> Any:
+    return head(*inputs, cache, mask)
 
 
 def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -200,6 +200,10 @@ def save_medusa(heads: MedusaHeads, path: str | Path, safe: bool = True) -> None
         torch.save(state, directory / TORCH)
 
 
+def _heads_forward(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
+    return heads(hidden)  # (K, 1, V)
+
+
 class MedusaDrafter:
     """Drafts min(k, K) tokens, one per head, from the Medusa checkpoint at `path`, or a
     Medusa tree of the heads' top-k candidates.
@@ -242,7 +246,7 @@ class MedusaDrafter:
                              "holds their deterministic top-k candidates; choose one")
         self._layouts: dict[tuple[int, torch.device], ChoiceLayout] = {}
         self._last: torch.Tensor | None = None  # (1, H) hidden state of tokens[-2]
-        self._step = Step(self.heads, "the Medusa heads", False, torch.device("cpu"))
+        self._step = Step(_heads_forward, "the Medusa heads", False, self.heads)
 
     def max_draft_nodes(self, k: int) -> int:
         return min(k, self.heads.num_heads) if self.choices is None else len(self.choices)
@@ -259,7 +263,7 @@ class MedusaDrafter:
             with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, trainable later
                 self.heads.to(device=target.device, dtype=target.dtype)
         self._last = None
-        self._step = Step(self.heads, "the Medusa heads", ctx.engine.compile, target.device, key=(MedusaHeads,))
+        self._step = Step(_heads_forward, "the Medusa heads", ctx.engine.compile, self.heads)
         self._remember(ctx)
 
     def _logits(self) -> torch.Tensor:

@@ -188,7 +188,7 @@ class MtpDrafter:
         self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature)
         self.head = load_mtp(path)
         self.sample = bool(sample)
-        self.steps = HeadSteps(self.head, self.head, "the MTP module")
+        self.steps = HeadSteps(self.head, "the MTP module")
         self._feature: torch.Tensor | None = None  # [1, H] fed-back feature at the last committed position
         self._logit_input: torch.Tensor | None = None  # [1, H] normed output giving d_1
         self._real = 0
@@ -211,7 +211,7 @@ class MtpDrafter:
         if experts is not None:  # run MoE experts with the target's kernels (float64 needs "eager")
             self.head.layer_config._experts_implementation = experts
         k = ctx.engine.max_draft
-        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1), device=ctx.target.device)
+        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = self._logit_input = None
         self._feed_pending(ctx, eager=True)
 

@@ -5,8 +5,9 @@ A step is compiled whole (`fullgraph=True`) for static shapes (`dynamic=False`):
 input shape, which the fixed-shape steps keep to a few per run (the verify padded to k + 1
 rows, a tree to its node budget, a drafter's steps likewise). On CUDA the graphs are captured as
 CUDA graphs (`mode="reduce-overhead"`); their outputs are copied out, since the next replay
-overwrites them. Graphs live in torch's cache of the function's code, so a later call with
-the same shapes (another generate call, another model of the same class and shapes) reuses them.
+overwrites them. On CPU inductor's C++ wrapper launches the kernels. Graphs are kept with the
+module they run, so a later call with the same shapes (another generate call on the same
+model, the same drafter again) reuses them.
 
 A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
 then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
@@ -16,17 +17,19 @@ nothing ran twice), and an error the eager run raises as well is the step's own,
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from specdec.cache import static_capacity
 
 __all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures", "compile_seconds"]
 
-RECOMPILE_LIMIT = 64  # graphs per compiled function: shapes x models x dtypes a process may meet
+RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 UNDECLARED_NODES = 64  # the tree budget of a drafter without max_draft_nodes
 
 
@@ -66,7 +69,9 @@ class Engine:
         return static_capacity(self.max_length + self.verify_rows + extra)
 
 
-_FAILED: dict[tuple[Any, ...], str] = {}  # (function, model class) -> why it did not compile
+_FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Callable[..., Any]]] = \
+    weakref.WeakKeyDictionary()  # owner -> its compiled steps, by (name, dtype, device)
 
 
 def compile_seconds() -> float:
@@ -84,27 +89,43 @@ def compile_failures() -> dict[tuple[Any, ...], str]:
     return dict(_FAILED)
 
 
-class Step:
-    """`fn` compiled for static shapes, or `fn` itself when `enabled` is false or compiling failed.
+def _options(device: torch.device) -> dict[str, Any]:
+    """Inductor's options for a step: CUDA graphs on CUDA; the C++ wrapper on CPU (less Python per
+    call); and no guards on module attributes (see `Step`), which cost a tenth of a small step."""
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    options["triton.cudagraphs" if device.type == "cuda" else "cpp_wrapper"] = True
+    return options
 
-    `key` names what is compiled (e.g. the function and the model's class) in the warning and in
-    the record of failures, so a class that cannot be compiled is not traced again.
+
+class Step:
+    """`fn(owner, *args)` compiled for static shapes, or run eagerly when `enabled` is false or
+    compiling failed.
+
+    `owner` is the module the step runs (a model, a drafter head). Its compiled graphs are kept
+    with it, by `name` and the owner's dtype and device, so every Step of that owner shares them
+    across calls, and no other module ever runs them: they skip dynamo's guards on module
+    attributes (checking those costs more than a small model's step), which is sound because a
+    graph only ever sees the module it was compiled for. The module's weights may change in place
+    (they are inputs); its configuration must not once it has compiled.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, device: torch.device,
-                 key: tuple[Any, ...] = ()) -> None:
-        self.fn, self.name, self.key = fn, name, (name, *key)
+    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module) -> None:
+        self.fn, self.name, self.owner = fn, name, owner
+        first = next(owner.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+        self.key = (name, type(owner).__name__)
         self.cuda_graphs = enabled and device.type == "cuda"
         self._compiled: Callable[..., Any] | None = None
         if enabled and self.key in _FAILED:
             warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly",
                           stacklevel=3)
         elif enabled:
-            import torch._dynamo.config as dynamo_config
-
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
-            mode = "reduce-overhead" if self.cuda_graphs else None
-            self._compiled = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+            steps = _COMPILED.setdefault(owner, {})
+            slot = (name, None if first is None else first.dtype, device)
+            if slot not in steps:
+                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
+                                            recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+            self._compiled = steps[slot]
 
     @property
     def compiled(self) -> bool:
@@ -113,13 +134,13 @@ class Step:
 
     def __call__(self, *args: Any) -> Any:
         if self._compiled is None:
-            return self.fn(*args)
+            return self.fn(self.owner, *args)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         try:
-            out = self._compiled(*args)
+            out = self._compiled(self.owner, *args)
         except Exception as error:  # dynamo and inductor raise many kinds; an eager run tells which it was
-            out = self.fn(*args)  # a real error in `fn` is raised here, uncompiled
+            out = self.fn(self.owner, *args)  # a real error in `fn` is raised here, uncompiled
             reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
             _FAILED[self.key] = f"{type(error).__name__}: {reason[:300]}"
             self._compiled = None

@@ -29,7 +29,7 @@ from specdec.target import CausalLM, TreeLogits
 from specdec.trace import Trace
 from specdec.trees import depths, first_path
 from specdec.types import Draft, Generation, Sampling, Verdict
-from specdec.verifier import (DraftError, chain_verdict, greedy_verdict, validate_draft, verify_tree,
+from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdict, validate_draft, verify_tree,
                               verify_tree_greedy)
 
 __all__ = ["Run", "decode", "first_stop"]
@@ -73,6 +73,7 @@ class Proposal:
     nodes: list[int] | None = None
     proposed: bool = False
     seconds: float = 0.0
+    faults: torch.Tensor | None = None  # 0-d: a chain's ids or probs break the contract (read with the verdict)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ def draft(run: Run) -> Proposal:
     tick = time.perf_counter()
     k = min(run.k, budget - 1)
     proposed = _call(run, "propose", run.ctx, k)
-    parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
+    parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, values=False)
+    if parents is not None:  # a tree is walked on the host: check its values now
+        validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
     if parents is not None and len(parents) > run.engine.draft_nodes:
         said = f"its max_draft_nodes({run.k}) is" if run.engine.declared else "a drafter that declares no " \
             "max_draft_nodes(k) may draft at most"
@@ -149,39 +152,52 @@ def draft(run: Run) -> Proposal:
         nodes = first_path(parents)
         probs = None if proposed.probs is None else proposed.probs[nodes]
         proposed, parents = Draft(proposed.tokens[nodes], probs), None
+    faults = draft_faults(proposed, run.lm.vocab_size) if parents is None and proposed.tokens.numel() else None
     _synchronize(run.lm.device)
-    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick)
+    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults)
 
 
 def verify(run: Run, proposal: Proposal) -> Block:
     """One target forward over the last committed id and the draft, and the verdict on it."""
     tick = time.perf_counter()
-    lm, draft_, sampling = run.lm, proposal.draft, run.sampling
-    n, budget = draft_.tokens.shape[0], run.max_new_tokens - run.produced
-    run.tokens[run.length : run.length + n] = draft_.tokens  # scratch beyond the committed length
+    n = proposal.draft.tokens.shape[0]
+    # scratch beyond the committed length; clamped so that a broken draft never indexes past the
+    # embedding (its fault is read back with the verdict, and nothing of it is committed)
+    drafted = proposal.draft.tokens.clamp(0, run.lm.vocab_size - 1)  # (n,)
+    run.tokens[run.length : run.length + n] = drafted
     if proposal.parents is None:
-        rows = 1 if n == 0 else run.engine.max_draft + 1  # one shape for every draft, one for none
-        ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
-        logits, hidden = lm.forward(ids, keep=rows, hidden=run.wants_hidden, rows=rows)
-        logits = logits[: n + 1]  # (n + 1, V)
-        if sampling.greedy:
-            num, out, acceptance = greedy_verdict(logits.argmax(dim=-1), draft_.tokens)
-            uniforms = None
-        else:
-            num, out, acceptance, uniforms = chain_verdict(probabilities(logits, sampling), draft_.tokens,
-                                                           draft_.probs, run.generator)
-        accepted, stop_at = (int(value) for value in torch.stack([num, first_stop(out, num, run.stop)]).tolist())
-        verdict = Verdict(out[: accepted + 1], accepted, acceptance, uniforms)
-        shown: Any = logits
+        verdict, stop_at, hidden, shown = _verify_chain(run, proposal, drafted)
     else:
-        tree = lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
-                               rows=run.engine.tree_rows(n))
-        hidden = tree.hidden if run.wants_hidden else None
-        verdict = _verify_tree(tree, draft_, proposal.parents, sampling, run.generator)
+        tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
+                                   rows=run.engine.tree_rows(n))
+        verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator)
         stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop))
-        shown = tree
-    emitted = min(verdict.num_accepted + 1, stop_at + 1, budget)
+        hidden, shown = tree.hidden if run.wants_hidden else None, tree
+    emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
     return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick)
+
+
+def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
+                  ) -> tuple[Verdict, int, torch.Tensor | None, torch.Tensor]:
+    """The chain's verify forward, padded to k + 1 rows (one row for an empty draft), and its
+    verdict, read back in one transfer with the first stop id and the draft's faults."""
+    lm, n = run.lm, drafted.shape[0]
+    rows = 1 if n == 0 else run.engine.max_draft + 1  # one shape for every draft, one for none
+    ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
+    logits, hidden = lm.forward(ids, keep=rows, hidden=run.wants_hidden, rows=rows)
+    logits = logits[: n + 1]  # (n + 1, V)
+    uniforms = None
+    if run.sampling.greedy:
+        num, out, acceptance = greedy_verdict(logits.argmax(dim=-1), drafted)
+    else:
+        num, out, acceptance, uniforms = chain_verdict(probabilities(logits, run.sampling), drafted,
+                                                       proposal.draft.probs, run.generator)
+    faults = proposal.faults if proposal.faults is not None else torch.zeros((), dtype=torch.bool, device=lm.device)
+    accepted, stop_at, broken = torch.stack([num, first_stop(out, num, run.stop), faults.long()]).tolist()
+    if broken:
+        validate_draft(proposal.draft, run.k, lm.vocab_size, lm.device, run.name)  # names the fault
+        raise DraftError(f"drafter {run.name!r} returned a broken draft")
+    return Verdict(out[: accepted + 1], accepted, acceptance, uniforms), stop_at, hidden, logits
 
 
 def commit(run: Run, proposal: Proposal, block: Block) -> float:

@@ -23,7 +23,7 @@ from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state
 from specdec.engine import Step
 from specdec.trees import additive_mask, ancestor_mask, depths
 
-__all__ = ["CausalLM", "TreeLogits", "prepare_for_compile"]
+__all__ = ["CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
 
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
                      "model.decoder.final_layer_norm")
@@ -188,8 +188,7 @@ class CausalLM:
         if self._step is None or self._compile != compile:
             if compile:
                 prepare_for_compile(self.model)
-            self._step = Step(self._model_forward, f"the {type(self.model).__name__} forward", compile, self.device,
-                              key=(type(self.model),))
+            self._step = Step(model_forward, f"the {type(self.model).__name__} forward", compile, self.model)
             self._compile = compile
         self._recurrent = has_recurrent_state(self.kv.cache)
         self._obstacle = tree_obstacle(self.model, self.kv.cache)
@@ -295,27 +294,10 @@ class CausalLM:
             # padding rows may run past a learned position table: they sit at its last entry
             rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
             positions = rows.clamp(max=self.max_positions - 1)[None]  # (1, n)
-        run = self._step if step and self._step is not None and kv.initialized else None
-        out = (run or self._model_forward)(input_ids, keep, hidden, mask, positions)
+        args = (kv.cache, input_ids, keep, hidden, mask, positions)
+        out = self._step(*args) if step and self._step is not None and kv.initialized else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0])
         return out
-
-    def _model_forward(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: bool,
-                       mask: torch.Tensor | None, positions: torch.Tensor | None
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One forward of the model on the cache: (logits [keep, V], hidden states [n, H] or None)."""
-        out = self.model(
-            input_ids=input_ids.unsqueeze(0),  # (1, n)
-            cache=self._kv.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-            output_hidden_states=hidden,
-            attention_mask=mask,  # (1, 1, n, width) additive, or None for causal
-            position_ids=positions,  # (1, n) or None for C, C + 1, ...
-        )
-        logits = out.logits[0]  # (keep, V)
-        states = out.hidden_states[-1][0] if hidden else None  # (n, H)
-        return logits, states
 
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions, exactly.
@@ -347,6 +329,24 @@ class CausalLM:
 
 
 _SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
+
+
+def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor, keep: int | torch.Tensor,
+                  hidden: bool, mask: torch.Tensor | None, positions: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward of `model` on `cache`: (logits [keep, V], last hidden states [n, H] or None)."""
+    out = model(
+        input_ids=input_ids.unsqueeze(0),  # (1, n)
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+        output_hidden_states=hidden,
+        attention_mask=mask,  # (1, 1, n, width) additive, or None for causal
+        position_ids=positions,  # (1, n) or None for C, C + 1, ...
+    )
+    logits = out.logits[0]  # (keep, V)
+    states = out.hidden_states[-1][0] if hidden else None  # (n, H)
+    return logits, states
 
 
 def prepare_for_compile(model: PreTrainedModel) -> None:

@@ -210,13 +210,21 @@ def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     assert 1 <= graphs <= 3, f"{graphs} graphs for {result.stats.steps} steps"
 
 
-def test_graphs_are_reused_by_later_calls_with_the_same_shapes() -> None:
+def test_graphs_are_reused_by_later_calls_and_never_serve_another_model() -> None:
     model = _model("llama")
     specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=30, compile=True)
     before = _graphs()
-    again = specdec.generate(_model("llama"), PROMPT[:-2], drafter="ngram", max_new_tokens=24, compile=True)
-    assert _graphs() == before, "a second model of the same class and shapes reuses the graphs"
+    again = specdec.generate(model, PROMPT[:-2], drafter="ngram", max_new_tokens=24, compile=True)
+    assert _graphs() == before, "a later call on the same model reuses its graphs"
     assert again.tokens == specdec.generate(model, PROMPT[:-2], drafter="ngram", max_new_tokens=24).tokens
+    other = _model("llama", seed=5)  # the same class and shapes, other weights and an other norm epsilon
+    other.config.rms_norm_eps = 1e-2
+    for layer in other.modules():
+        if hasattr(layer, "variance_epsilon"):
+            layer.variance_epsilon = 1e-2
+    result = specdec.generate(other, PROMPT, drafter="ngram", max_new_tokens=24, compile=True)
+    assert _graphs() > before, "another model compiles graphs of its own (they skip module guards)"
+    assert result.tokens == specdec.generate(other, PROMPT, drafter="ngram", max_new_tokens=24).tokens
 
 
 def test_a_tree_run_compiles_one_verify_graph_for_its_node_budget() -> None:
@@ -348,3 +356,57 @@ def test_warnings_are_not_raised_by_a_clean_compiled_run() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         specdec.generate(_model("llama"), PROMPT, drafter="ngram", max_new_tokens=10, compile=True)
+
+
+# --- one read back per step ---------------------------------------------------------------------------
+
+class HostReads:
+    """Counts the tensor methods that read a value back to the host (tolist, item, bool, int,
+    float), by wrapping them on torch.Tensor while active. On CUDA each is a device-to-host copy."""
+
+    METHODS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._saved: dict[str, object] = {}
+
+    def __enter__(self) -> HostReads:
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+
+            def counted(tensor, *args, _original=original):  # type: ignore[no-untyped-def]
+                self.count += 1
+                return _original(tensor, *args)
+
+            setattr(torch.Tensor, name, counted)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_zoo) -> None:
+    """The target's and the drafter's steps compiled: each step reads back once (the number
+    accepted, where a stop id fell, whether the draft was broken), whatever the drafter."""
+    from specdec import zoo
+    from specdec.checkpoints import load_causal_lm
+
+    model = load_causal_lm(quick_zoo / "target")
+    options = zoo.drafter_options(quick_zoo)
+    prompt = list(range(3, 40))
+    for name in ("draft-model", "eagle", "mtp", "medusa"):
+        for sampling in (Sampling(), Sampling(temperature=0.8)):
+            drafter = specdec.make_drafter(name, **options[name])
+            specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, sampling=sampling, seed=0,
+                             compile=True)  # compiles
+            reads = []
+            for new_tokens in (20, 40):
+                with HostReads() as host:
+                    result = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=new_tokens,
+                                              sampling=sampling, seed=0, compile=True)
+                reads.append((host.count, result.stats.steps))
+            (short, short_steps), (long, long_steps) = reads
+            assert long_steps > short_steps
+            assert long - short == long_steps - short_steps, f"{name} {sampling}: host reads {reads}"

@@ -29,12 +29,13 @@ from specdec.verifier.chain import (
     verify_greedy,
 )
 from specdec.verifier.tree import verify_tree, verify_tree_greedy
-from specdec.verifier.validate import DraftError, validate_draft
+from specdec.verifier.validate import DraftError, draft_faults, validate_draft
 
 __all__ = [
     "DraftError",
     "acceptance_probabilities",
     "chain_verdict",
+    "draft_faults",
     "greedy_verdict",
     "residual_distribution",
     "validate_draft",

@@ -6,7 +6,7 @@ import torch
 
 from specdec.types import Draft
 
-__all__ = ["DraftError", "validate_draft"]
+__all__ = ["DraftError", "draft_faults", "validate_draft"]
 
 
 class DraftError(ValueError):
@@ -22,12 +22,14 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torch.device,
-                   drafter: str) -> list[int] | None:
+                   drafter: str, values: bool = True) -> list[int] | None:
     """Raise DraftError unless `draft` is a Draft of in-vocabulary ids on `device`, with `probs`
     either None or [n, V] finite, normalised rows giving each token q > 0.
 
     A chain holds at most `max_tokens` ids; a tree (`parents` given) any number of nodes in
     topological order, at most `max_tokens` deep. Returns the parents as a list (None for a chain).
+    values=False checks only what the host knows (types, shapes, devices, a tree's parents);
+    the ids' and probabilities' values are then left to `draft_faults`, read back later.
     """
     if not isinstance(draft, Draft):
         raise _fail(drafter, f"expected a specdec.Draft, got {type(draft).__name__}")
@@ -43,7 +45,7 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
     if tokens.device != device:
         raise _fail(drafter, f"tokens are on {tokens.device}, the target on {device}")
     k = tokens.shape[0]
-    if k and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
+    if values and k and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
         bad = [t for t in tokens.tolist() if not 0 <= t < vocab_size]
         raise _fail(drafter, f"token id(s) {bad} outside the vocabulary [0, {vocab_size})")
     if probs is None:
@@ -55,7 +57,7 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
         raise _fail(drafter, f"probs must be floating point, got {probs.dtype}")
     if probs.device != device:
         raise _fail(drafter, f"probs are on {probs.device}, the target on {device}")
-    if k == 0:
+    if k == 0 or not values:
         return parents
     tolerance = _tolerance(probs.dtype)
     finite = torch.isfinite(probs).all()
@@ -75,6 +77,21 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
             raise _fail(drafter, f"q(d) = 0 at position {i} for drafted token "
                                  f"{int(tokens[i])}: it cannot have been sampled from that q")
     return parents
+
+
+def draft_faults(draft: Draft, vocab_size: int) -> torch.Tensor:
+    """Whether the values of a draft that passed `validate_draft(..., values=False)` break the
+    contract: ids outside the vocabulary, or probs not finite, negative, not normalised, or
+    giving a drafted token q = 0. A 0-d bool on the draft's device, computed without reading
+    anything back, so the decode loop folds it into its one read per step; `validate_draft`
+    then names the fault."""
+    tokens, probs = draft.tokens, draft.probs
+    bad = ((tokens < 0) | (tokens >= vocab_size)).any()  # (,)
+    if probs is not None and tokens.numel():
+        q_d = probs.gather(-1, tokens.clamp(0, vocab_size - 1).unsqueeze(-1)).squeeze(-1)  # (k,)
+        normalised = ((probs.sum(-1) - 1).abs() <= _tolerance(probs.dtype)).all()
+        bad = bad | ~torch.isfinite(probs).all() | (probs < 0).any() | ~normalised | (q_d <= 0).any()
+    return bad
 
 
 def _tree_parents(parents: object, n: int, max_depth: int, drafter: str) -> list[int] | None:
