@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/specdec bench
+
+# The engine on random Llama-shaped targets of about 1B and 8B parameters in bfloat16, and the
+# zoo's drafters when the zoo is built (python -m specdec.bench.synthetic --help). Needs a CUDA
+# machine: its .venv takes PyPI's torch 2.13.0, which is a CUDA build there.
+bench-gpu: $(STAMP)
+	$(PY) -m specdec.bench.synthetic --setting gpu --device cuda --out bench-gpu
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -15,7 +15,7 @@ from typing import Any
 
 from specdec.cli_common import CLIError, add_model_options, load_target, one_line
 
-__all__ = ["add_bench_command", "parse_k"]
+__all__ = ["add_bench_command", "default_drafters", "parse_k"]
 
 
 def parse_k(text: str) -> int | str:
@@ -31,7 +31,7 @@ def parse_k(text: str) -> int | str:
     return value
 
 
-def _default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+def default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """Every registered drafter that can serve the target (chain, then tree mode when it has one),
     and a line for each that cannot."""
     from specdec import plugins
@@ -83,7 +83,7 @@ def _bench(args: argparse.Namespace) -> int:
                 if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
                     raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
         else:
-            drafters, skipped = _default_drafters(zoo_dir)
+            drafters, skipped = default_drafters(zoo_dir)
             for line in skipped:
                 print(f"specdec: skipping drafter {line}", file=sys.stderr)
         engine = "compiled" if args.compile else args.engine

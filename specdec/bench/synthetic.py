@@ -1,0 +1,378 @@
+"""The engine on Llama-shaped targets built from configs (nothing downloaded): forward costs,
+plain decoding against transformers, drafters on the same target, and how close each plain row
+comes to the memory-bandwidth bound. `make bench-gpu` runs the "gpu" setting; the tests run
+"tiny" on the CPU.
+
+    python -m specdec.bench.synthetic --setting gpu --device cuda --out bench-gpu
+    python -m specdec.bench.synthetic --setting cpu-300m --out bench-300m
+
+The targets' weights are random, so the drafters built for them (a draft model made of the
+target's first layers, random EAGLE, MTP and Medusa heads) measure cost, not acceptance; the
+zoo section (`--zoo`) runs the zoo's trained drafters on its own target for that.
+Bandwidth share: a plain step reads every weight once (the embedding table but one row), so
+weight bytes / bandwidth is the fastest a step can be; the share is that bound over the
+measured seconds per token. The bandwidth is the device's published peak where known (GPUs),
+and a measured copy bandwidth besides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from specdec.bench.costs import forward_costs, tree_forward_costs
+from specdec.bench.peers import hf_generate
+from specdec.engine import compile_seconds
+from specdec.generate import generate
+from specdec.target import CausalLM
+from specdec.types import Sampling
+from specdec.versions import software_versions
+
+__all__ = ["SETTINGS", "Setting", "Shape", "main", "run_setting"]
+
+SCHEMA = "specdec-synthetic-bench/1"
+PEAK_BANDWIDTH = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100-SXM4-80GB": 2.04e12,
+                  "A100 80GB": 1.94e12, "A100": 1.56e12, "L40S": 0.864e12, "RTX 4090": 1.008e12}  # bytes/s
+DRAFTERS = ("ngram", "draft-model", "eagle", "eagle+tree", "mtp", "medusa+tree")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-shaped target (grouped-query attention, SwiGLU, untied embeddings)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+    def config(self) -> LlamaConfig:
+        return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, num_hidden_layers=self.layers,
+                           num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+                           intermediate_size=self.intermediate, max_position_embeddings=8192, rope_theta=500000.0,
+                           tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                           attn_implementation="sdpa")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one run measures: the targets, their dtype, the prompt and output lengths, k, the
+    drafters on the synthetic targets, and whether transformers' rows and the zoo run too."""
+
+    name: str
+    shapes: tuple[Shape, ...]
+    dtype: str = "float32"
+    prompt: int = 128
+    new_tokens: int = 128
+    k: int = 4
+    tree_rows: tuple[int, ...] = (17, 65)  # a 16- and a 64-node tree with their root
+    drafters: tuple[str, ...] = ("ngram",)
+    engines: tuple[str, ...] = ("compiled",)
+    peers: bool = True
+    repeats: int = 3
+    zoo: bool = False
+
+
+LLAMA_1B = Shape("llama-1b", hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+LLAMA_8B = Shape("llama-8b", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256)
+LLAMA_300M = Shape("llama-300m", hidden=1024, layers=20, heads=16, kv_heads=4, intermediate=2816, vocab=32000)
+TINY = Shape("tiny", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=256)
+
+SETTINGS = {
+    "gpu": Setting("gpu", (LLAMA_1B, LLAMA_8B), dtype="bfloat16", prompt=128, new_tokens=256,
+                   engines=("eager", "compiled"), repeats=3, zoo=True),
+    "cpu-300m": Setting("cpu-300m", (LLAMA_300M,), prompt=64, new_tokens=64, drafters=DRAFTERS,
+                        engines=("eager", "compiled"), repeats=2),
+    "tiny": Setting("tiny", (TINY,), prompt=16, new_tokens=12, tree_rows=(17,), drafters=("ngram", "eagle+tree"),
+                    engines=("eager", "compiled"), repeats=1),
+}
+
+
+def build_target(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:
+    """A random target, initialised on `device` in `dtype` (no float32 copy of a large model)."""
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else default)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(shape.config())
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def _layer_skip(target: PreTrainedModel, layers: int) -> PreTrainedModel:
+    """A draft model made of the target's first `layers` layers, its final norm and LM head
+    (weights shared, so it costs layers / L of a target forward)."""
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    with torch.device("meta"):
+        draft = LlamaForCausalLM(config)
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.layers = torch.nn.ModuleList(target.model.layers[:layers])
+    draft.model.norm, draft.lm_head = target.model.norm, target.lm_head
+    draft.model.rotary_emb = target.model.rotary_emb
+    return draft.eval()
+
+
+def drafter_factories(target: PreTrainedModel, directory: Path, names: Sequence[str]) -> dict[str, Callable[[], Any]]:
+    """Makers of the drafters `names` for a random target; heads are random and written to `directory`."""
+    from safetensors.torch import save_file
+
+    from specdec.drafters.eagle import save_eagle
+    from specdec.drafters.medusa import MedusaHeads, save_medusa
+    from specdec.drafters.mtp import mtp_checkpoint_keys
+    from specdec.plugins import make_drafter
+    from specdec.training.eagle import EagleStudent
+    from specdec.training.mtp import create_mtp_head
+
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    made: dict[str, Callable[[], Any]] = {}
+    for name in names:
+        base, tree = name.removesuffix("+tree"), name.endswith("+tree")
+        options: dict[str, Any] = {"tree": True} if tree else {}
+        if base == "draft-model":
+            options["model"] = _layer_skip(target, max(1, target.config.num_hidden_layers // 8))
+        elif base == "eagle" and not (directory / "eagle").is_dir():
+            save_eagle(EagleStudent.create(target, seed=1).module.eval().to(target.dtype), directory / "eagle")
+        elif base == "medusa" and not (directory / "medusa").is_dir():
+            save_medusa(MedusaHeads(3, 1, hidden, vocab).to(target.dtype), directory / "medusa")
+        elif base == "mtp" and not (directory / "mtp").is_dir():  # the module's keys beside the target's config
+            head = create_mtp_head(target.config, seed=2).to(target.dtype)
+            (directory / "mtp").mkdir()
+            config = {**target.config.to_dict(), "mtp_num_hidden_layers": 1}
+            (directory / "mtp" / "config.json").write_text(json.dumps(config, default=str))
+            keys = mtp_checkpoint_keys(head)
+            save_file({keys[k]: v.contiguous().cpu() for k, v in head.state_dict().items()},
+                      str(directory / "mtp" / "model.safetensors"))
+        if base in ("eagle", "medusa", "mtp"):
+            options["path"] = str(directory / base)
+        made[name] = lambda base=base, options=options: make_drafter(base, **options)
+    return made
+
+
+def weight_bytes(model: PreTrainedModel) -> int:
+    """Bytes a plain step reads: every parameter but the input embedding, of which one row."""
+    embedding = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total - embedding.numel() * embedding.element_size() + embedding.shape[1] * embedding.element_size()
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 512) -> float:
+    """Bytes per second of a large tensor copy (read and write counted), the median of 5."""
+    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(6):
+        _synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return 2 * source.numel() / statistics.median(times[1:])
+
+
+def peak_bandwidth(device: torch.device) -> float | None:
+    """The published peak memory bandwidth of a known GPU (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((value for key, value in PEAK_BANDWIDTH.items() if key in name), None)
+
+
+@dataclass
+class Row:
+    """One decoding configuration on one target."""
+
+    target: str
+    contender: str
+    engine: str
+    tokens_per_second: float
+    mean_accepted_length: float
+    seconds_per_step: float
+    draft_seconds_per_step: float
+    compile_seconds: float
+    same_as_plain: bool | None = None
+    ideal_speedup: float | None = None
+    speedup: float | None = None
+    bandwidth_share: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _timed(run: Callable[[], Any], repeats: int) -> tuple[Any, float, float]:
+    """(the last result, the median seconds of `repeats` calls after a warm-up one, compile seconds)."""
+    before = compile_seconds()
+    run()
+    compiled = compile_seconds() - before
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - start)
+    return result, statistics.median(times), compiled
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every measure of one synthetic target."""
+    dtype = getattr(torch, setting.dtype)
+    model = build_target(shape, dtype, device)
+    parameters = sum(p.numel() for p in model.parameters())
+    log(f"{shape.name}: {parameters / 1e9:.2f}B parameters in {setting.dtype} on {device}")
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, shape.vocab, (setting.prompt,), generator=generator)
+    motif = torch.randint(0, shape.vocab, (16,), generator=generator)
+    repetitive = motif.repeat(setting.prompt // 16 + 1)[: setting.prompt]  # for prompt lookup
+    lm = CausalLM(model)
+    costs: dict[str, dict[str, float]] = {}
+    for engine in setting.engines:
+        compile, before = engine == "compiled", compile_seconds()
+        with torch.inference_mode():
+            chain = forward_costs(lm, prompt, [1, setting.k + 1], repeats=10, compile=compile)
+            tree = tree_forward_costs(lm, prompt, list(setting.tree_rows), repeats=10, compile=compile)
+        costs[engine] = {f"T({n})": t for n, t in chain.items()} | {f"tree T({n})": t for n, t in tree.items()}
+        costs[engine]["compile_seconds"] = compile_seconds() - before
+        log(f"  {engine} forward costs: " + ", ".join(f"{key} {1000 * t:.2f} ms" for key, t in costs[engine].items()
+                                                         if key.startswith(("T(", "tree"))))
+    rows: list[Row] = []
+    plain: dict[str, Any] = {}
+    bound = weight_bytes(model) / (peak_bandwidth(device) or copy_bandwidth(device))
+    with tempfile.TemporaryDirectory() as scratch:
+        factories = drafter_factories(model, Path(scratch), setting.drafters)
+        for engine in setting.engines:
+            compile = engine == "compiled"
+            for name in ("plain", *setting.drafters):
+                text = repetitive if name == "ngram" else prompt
+                drafter = factories[name]() if name != "plain" else None
+
+                def decode(text: torch.Tensor = text, drafter: Any = drafter) -> Any:
+                    return generate(lm, text, drafter, num_draft_tokens=setting.k, max_new_tokens=setting.new_tokens,
+                                    compile=compile)
+
+                result, seconds, compiled = _timed(decode, setting.repeats)
+                stats = result.stats
+                row = Row(shape.name, name, engine, stats.new_tokens / seconds, stats.mean_accepted_length,
+                          seconds / stats.steps, stats.draft_seconds / stats.steps, compiled)
+                if name == "plain":
+                    plain[engine] = (result.tokens, seconds)
+                    row.bandwidth_share = bound / (seconds / stats.new_tokens)
+                    if "ngram" in setting.drafters:  # prompt lookup's baseline: plain decoding of its prompt
+                        plain[engine, "ngram"] = _timed(lambda: decode(repetitive, None), setting.repeats)[:2]
+                else:
+                    tokens, baseline = plain[engine, "ngram"] if name == "ngram" else plain[engine]
+                    tokens = tokens.tokens if name == "ngram" else tokens
+                    row.same_as_plain, row.speedup = result.tokens == tokens, baseline / seconds
+                verify = costs[engine].get(f"T({setting.k + 1})") if "+tree" not in name else \
+                    costs[engine].get(f"tree T({max(setting.tree_rows)})")
+                if name != "plain" and verify:
+                    row.ideal_speedup = stats.mean_accepted_length * costs[engine]["T(1)"] / (verify + row.draft_seconds_per_step)
+                rows.append(row)
+                log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
+    if setting.peers:
+        for peer in ("hf-plain", "hf-static"):
+            (tokens, stats), seconds, compiled = _timed(
+                lambda peer=peer: hf_generate(model, prompt, peer, 0, setting.new_tokens, Sampling()), setting.repeats)
+            reference = plain.get("eager", plain.get("compiled"))
+            rows.append(Row(shape.name, peer, "transformers", stats.new_tokens / seconds, 1.0, seconds / stats.steps, 0.0,
+                            compiled, same_as_plain=reference is not None and tokens == reference[0],
+                            bandwidth_share=bound / (seconds / stats.new_tokens)))
+            log(f"  {peer}: {rows[-1].tokens_per_second:.1f} tokens/s")
+    return {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
+            "bandwidth_bound_seconds": bound, "forward_costs": costs, "rows": [asdict(row) for row in rows]}
+
+
+def table(results: Sequence[dict[str, Any]]) -> str:
+    """The rows of every target as a markdown table."""
+    lines = ["| target | contender | engine | tokens/s | tokens/step | ms/step | speedup | ideal | bandwidth share | "
+             "compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for result in results:
+        for r in result["rows"]:
+            def cell(value: float | None, text: str) -> str:
+                return "-" if value is None else text.format(value)
+
+            lines.append(f"| {r['target']} | {r['contender']} | {r['engine']} | {r['tokens_per_second']:.1f} | "
+                         f"{r['mean_accepted_length']:.2f} | {1000 * r['seconds_per_step']:.2f} | "
+                         f"{cell(r['speedup'], '{:.2f}x')} | {cell(r['ideal_speedup'], '{:.2f}x')} | "
+                         f"{cell(r['bandwidth_share'], '{:.0%}')} | {r['compile_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def run_setting(setting: Setting, device: torch.device, out: Path, zoo_dir: Path | None = None,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run a setting, write `results.json` and `table.md` into `out`, return the document."""
+    results = [run_target(shape, setting, device, log) for shape in setting.shapes]
+    document: dict[str, Any] = {"schema": SCHEMA, "setting": asdict(setting), "device": str(device),
+                                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                                "copy_bandwidth": copy_bandwidth(device), "peak_bandwidth": peak_bandwidth(device),
+                                "versions": software_versions(), "targets": results}
+    text = table(results)
+    if zoo_dir is not None:
+        document["zoo"] = _zoo(zoo_dir, setting, device, out / "zoo")
+        text += "\n\nThe zoo's drafters on its target:\n\n" + document["zoo"]["table"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    (out / "table.md").write_text(text + "\n")
+    log(text)
+    return document
+
+
+def _zoo(directory: Path, setting: Setting, device: torch.device, out: Path) -> dict[str, Any]:
+    """`specdec bench` on the zoo's target: every drafter, chain and tree, on the setting's engines."""
+    from specdec.bench.report import table as bench_table
+    from specdec.bench.session import BenchConfig, run_session
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.cli_bench import default_drafters
+
+    drafters, _ = default_drafters(directory)
+    config = BenchConfig(target=directory / "target", drafters=tuple(drafters), ks=(setting.k,),
+                         max_new_tokens=setting.new_tokens, repeats=setting.repeats, warmup=1,
+                         engines=setting.engines, peers=setting.peers)
+    model = load_causal_lm(directory / "target", dtype=getattr(torch, setting.dtype)).to(device)
+    records, _ = run_session(config, out, model, load_tokenizer(directory / "target"))
+    return {"records": records, "table": bench_table(records)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.synthetic", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="gpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="bench-synthetic", metavar="DIR")
+    parser.add_argument("--zoo", metavar="DIR", default=None,
+                        help="a built zoo family's directory (default: the full zoo if the setting runs it and it "
+                             "is built)")
+    parser.add_argument("--drafters", nargs="*", default=None, choices=DRAFTERS, help="override the setting's")
+    args = parser.parse_args(argv)
+    setting = SETTINGS[args.setting]
+    if args.drafters is not None:
+        setting = dataclasses.replace(setting, drafters=tuple(args.drafters))
+    zoo_dir = Path(args.zoo) if args.zoo else None
+    if zoo_dir is None and setting.zoo:
+        from specdec import zoo
+
+        zoo_dir = zoo.family_dir(zoo.FULL) if zoo.finished(zoo.FULL) else None
+        if zoo_dir is None:
+            print("specdec: the full zoo is not built here; its section is skipped (build it, or pass --zoo DIR)")
+    run_setting(setting, torch.device(args.device), Path(args.out), zoo_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
