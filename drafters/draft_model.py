@@ -7,6 +7,7 @@ report the processed distribution each token was drawn from; greedy drafts are i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,9 +16,9 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
-from specdec.sampling import sample
-from specdec.target import CausalLM
-from specdec.types import Draft
+from specdec.sampling import pick
+from specdec.target import CausalLM, model_forward
+from specdec.types import Draft, Sampling
 
 __all__ = ["DraftModelDrafter"]
 
@@ -33,6 +34,25 @@ def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
 
         return load_causal_lm(path)
     raise TypeError(f"draft-model: model= must be a transformers causal LM or a directory, got {model!r}")
+
+
+def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int,
+                step: Callable[..., torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain of k draft tokens from the draft model's logits [1, V] for the first: each token
+    by `pick` (argmax, or a draw at uniforms[i]), each further logits row from a forward of the
+    token on `cache` (`step(model, cache, token)`, by default `model_forward`). Returns tokens
+    [k] and q [k, V] (None when greedy)."""
+    tokens: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    for i in range(k):
+        token, probs = pick(logits, sampling, None if uniforms is None else uniforms[i : i + 1])  # (1,)
+        tokens.append(token)
+        if probs is not None:
+            rows.append(probs)
+        if i + 1 < k:  # the logits after the last draft are never needed
+            logits = step(model, cache, token) if step is not None else \
+                model_forward(model, cache, token, 1, False, None, None)[0]  # (1, V)
+    return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
 class DraftModelDrafter:
@@ -105,17 +125,17 @@ class DraftModelDrafter:
                 raise ValueError(f"draft-model: tree=True needs a draft model that can run tree forwards, but "
                                  f"{type(self.lm.model).__name__} cannot: {obstacle}")
             return self._propose_tree(ctx, k, pending)
-        drafted: list[torch.Tensor] = []
-        rows: list[torch.Tensor] = []
         logits = self._feed(pending)  # (1, V)
-        for i in range(k):
-            token, probs = sample(logits, ctx.sampling, ctx.generator)
-            drafted.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < k:  # the logits after the last draft are never needed
-                logits, _ = self.lm.forward(token, keep=1, rows=1)
-        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=logits.device)
+        if k == self._max_draft and self.lm.static:  # the usual draft: the whole loop in one step
+            tokens, probs = self.lm.chain(draft_chain, k - 1, logits, uniforms, ctx.sampling, k)
+        else:  # a shorter one (the budget's end, k=auto), or a model on a dynamic cache: forward by forward
+
+            def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
+                return self.lm.forward(token, keep=1, rows=1)[0]
+
+            tokens, probs = draft_chain(None, None, logits, uniforms, ctx.sampling, k, step)
+        return Draft(tokens, probs)
 
     def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:
         """Run the pending ids (the cache then holds all T committed ids), then grow the tree,

@@ -39,10 +39,10 @@ from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
-from specdec.sampling import sample
+from specdec.sampling import pick
 from specdec.target import CausalLM
 from specdec.trees import additive_mask
-from specdec.types import Draft
+from specdec.types import Draft, Sampling
 
 __all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
 
@@ -172,6 +172,24 @@ def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
     return path
 
 
+def eagle_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, feature: torch.Tensor,
+                positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain of k draft tokens from the predicted feature [1, H]: each token from the LM head
+    (`pick`: argmax, or a draw at uniforms[i]), each further feature from the head at
+    positions[i] ([k - 1]). Returns tokens [k] and q [k, V] (None when greedy)."""
+    tokens: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    for i in range(k):
+        token, probs = pick(lm_head(feature), sampling, None if uniforms is None else uniforms[i : i + 1])  # (1,)
+        tokens.append(token)
+        if probs is not None:
+            rows.append(probs)
+        if i + 1 < k:  # the feature after the last draft is never needed
+            feature = head(embed(token), feature, positions[i : i + 1], cache)  # (1, H)
+    return torch.cat(tokens), torch.cat(rows) if rows else None
+
+
 class EagleDrafter:
     """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head.
 
@@ -226,19 +244,21 @@ class EagleDrafter:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._feature)
-        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
-        feature = self._feature
+        target, feature = ctx.target, self._feature
         positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
-        drafted: list[torch.Tensor] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            token, probs = sample(lm_head(feature), ctx.sampling, ctx.generator)  # (1,), (1, V)
-            drafted.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < k:  # the feature after the last draft is never needed
-                feature = self.steps(1, embed(token), feature, positions[i : i + 1])  # (1, H)
-        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=feature.device)
+        if k == ctx.engine.max_draft:  # the usual draft: the whole loop in one step (one graph when compiled)
+            tokens, probs = self.steps.chain(eagle_chain, k - 1, target.lm_head, target.embed_tokens, feature,
+                                             positions, uniforms, ctx.sampling, k)
+        else:  # a shorter one (the budget's end, k=auto): head step by head step
+
+            def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object
+                     ) -> torch.Tensor:
+                return self.steps(1, embeds, features, position)
+
+            tokens, probs = eagle_chain(head, None, target.lm_head, target.embed_tokens, feature, positions, uniforms,
+                                        ctx.sampling, k)
+        return Draft(tokens, probs)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
         """Grow a dynamic tree: each depth's chosen nodes run as pairs (d, f̂ of the parent) in one

@@ -5,6 +5,7 @@ padding is rolled back after it, unseen by the real rows, which come first."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,9 @@ class HeadSteps:
     def __init__(self, head: nn.Module, name: str) -> None:
         self.head, self.name = head, name
         self.kv = KV(head)
+        self._compile = False
         self._step = Step(_head_forward, name, False, head)
+        self._chains: dict[str, Step] = {}
 
     @property
     def length(self) -> int:
@@ -39,7 +42,9 @@ class HeadSteps:
         after the head has moved to the target's device and dtype."""
         capacity = engine.capacity(extra) if engine.max_length and static_obstacle(self.head) is None else None
         self.kv = KV(self.head, capacity)
-        self._step = Step(_head_forward, self.name, engine.compile and self.kv.static, self.head)
+        self._compile = engine.compile and self.kv.static
+        self._step = Step(_head_forward, self.name, self._compile, self.head)
+        self._chains: dict[str, Step] = {}
 
     def width(self, rows: int) -> int:
         """Columns of a tree mask for a forward of `rows` rows."""
@@ -64,6 +69,17 @@ class HeadSteps:
         self.kv.advanced(rows)
         self.kv.rollback(base + n)
         return _rows(out, n)
+
+    def chain(self, fn: Callable[..., Any], rows: int, *args: Any) -> Any:
+        """`fn(head, cache, *args)`: a drafter's draft loop, which writes `rows` entries, run as one
+        step (one compiled graph per shape), e.g. k - 1 head forwards and k draws."""
+        self.kv.reserve(rows)
+        if fn.__name__ not in self._chains:
+            self._chains[fn.__name__] = Step(fn, f"{self.name}'s draft loop", self._compile, self.head)
+        out = self._chains[fn.__name__](self.kv.cache, *args) if self.kv.initialized else fn(self.head, self.kv.cache,
+                                                                                              *args)
+        self.kv.advanced(rows)
+        return out
 
 
 def _head_forward(head: nn.Module, cache: Any, mask: torch.Tensor | None, *inputs: Any) -> Any:

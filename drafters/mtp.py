@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
+from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from specdec.drafters.feature_pairs import pending_pairs, pending_rows
@@ -36,10 +37,10 @@ from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
-from specdec.sampling import sample
+from specdec.sampling import pick
 from specdec.target import CausalLM
 from specdec.trees import additive_mask
-from specdec.types import Draft
+from specdec.types import Draft, Sampling
 
 __all__ = ["MtpDrafter", "MtpHead", "load_mtp", "mtp_checkpoint_keys"]
 
@@ -167,6 +168,25 @@ def check_fits(head: MtpHead, lm: CausalLM) -> None:
                          "use the checkpoint of this target")
 
 
+def mtp_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, feature: torch.Tensor,
+              logit_input: torch.Tensor, positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling,
+              stages: tuple[int, ...], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain of k draft tokens from the stage output at the last committed position (the
+    fed-back feature and the LM-head input, [1, H] each): each token from the LM head (`pick`:
+    argmax, or a draw at uniforms[i]), each further output from stage stages[i] at
+    positions[i]. Returns tokens [k] and q [k, V] (None without uniforms)."""
+    tokens: list[torch.Tensor] = []
+    rows: list[torch.Tensor] = []
+    for i in range(k):
+        token, probs = pick(lm_head(logit_input), sampling, None if uniforms is None else uniforms[i : i + 1])
+        tokens.append(token)
+        if probs is not None:
+            rows.append(probs)
+        if i + 1 < k:
+            feature, logit_input = head(stages[i], embed(token), feature, positions[i : i + 1], cache)
+    return torch.cat(tokens), torch.cat(rows) if rows else None
+
+
 class MtpDrafter:
     """Drafts with the MTP module stored in the target checkpoint at `path`.
 
@@ -224,11 +244,6 @@ class MtpDrafter:
             feature, logit_input = self.steps(rows, 0, embeds, features, positions)
             self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
 
-    def _draw(self, logits: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.sample:
-            return sample(logits, ctx.sampling, ctx.generator)
-        return logits.argmax(dim=-1), None
-
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._feed_pending(ctx)
         self._real = self.cache_length
@@ -236,20 +251,23 @@ class MtpDrafter:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._feature, self._logit_input)
-        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
-        feature, logit_input = self._feature, self._logit_input
-        start = ctx.tokens.shape[0] - 1  # position of the first drafted pair (d_1, feature)
-        drafted: list[torch.Tensor] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            token, probs = self._draw(lm_head(logit_input), ctx)  # (1,), (1, V) | None
-            drafted.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < k:  # depth i + 2 uses stage i + 1 (the last beyond)
-                position = torch.tensor([start + i], device=feature.device)
-                feature, logit_input = self.steps(1, self._stage(i + 1), embed(token), feature, position)
-        return Draft(torch.cat(drafted), torch.cat(rows) if rows else None)
+        target, feature = ctx.target, self._feature
+        positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, feature)
+        sampled = self.sample and not ctx.sampling.greedy
+        uniforms = torch.rand(k, generator=ctx.generator, device=feature.device) if sampled else None
+        stages = tuple(self._stage(i + 1) for i in range(k - 1))  # depth i + 2 uses stage i + 1 (the last beyond)
+        args = (target.lm_head, target.embed_tokens, feature, self._logit_input, positions, uniforms, ctx.sampling,
+                stages, k)
+        if k == ctx.engine.max_draft:  # the usual draft: the whole loop in one step (one graph when compiled)
+            tokens, probs = self.steps.chain(mtp_chain, k - 1, *args)
+        else:  # a shorter one (the budget's end, k=auto): module step by module step
+
+            def head(stage: int, embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor,
+                     cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+                return self.steps(1, stage, embeds, features, position)
+
+            tokens, probs = mtp_chain(head, None, *args)
+        return Draft(tokens, probs)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
         """Grow a dynamic tree: a depth-d node runs through stage d with its parent's fed-back

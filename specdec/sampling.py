@@ -11,7 +11,7 @@ import torch
 
 from specdec.types import Sampling
 
-__all__ = ["process_logits", "probabilities", "sample"]
+__all__ = ["draw", "pick", "process_logits", "probabilities", "sample"]
 
 
 def process_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -54,3 +54,25 @@ def sample(
         return logits.argmax(dim=-1), None
     probs = probabilities(logits, sampling)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs
+
+
+def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [n, V] by inverting its CDF at uniforms [n] in [0, 1): tokens [n].
+
+    Exactly a draw from each row (up to the rounding of its cumulative sum); a token of
+    probability 0 is never drawn. Unlike `torch.multinomial` it takes its randomness as a tensor,
+    so a drafter's whole draft loop can be one compiled graph.
+    """
+    cdf = probs.cumsum(dim=-1)  # (n, V)
+    values = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)  # (n, 1)
+    return torch.searchsorted(cdf, values, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, uniforms: torch.Tensor | None
+         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A drafted token per row of logits [n, V]: the argmax when greedy, else `draw` from the
+    processed distribution at `uniforms` [n]. Returns (tokens [n], probs [n, V] or None)."""
+    if sampling.greedy or uniforms is None:
+        return logits.argmax(dim=-1), None
+    probs = probabilities(logits, sampling)
+    return draw(probs, uniforms), probs

@@ -12,6 +12,8 @@ from there to that length in one forward (none when the snapshot is exactly ther
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -114,6 +116,7 @@ class CausalLM:
         self._share = share_cache
         self._step: Step | None = None  # the model's forward as a (compiled) fixed-shape step
         self._compile = False  # whether the last reset asked for compiled steps
+        self._chains: dict[str, Step] = {}  # drafters' loops of forwards (`chain`), by function name
         self._recurrent = False  # whether rollback needs snapshots (hybrid model)
         self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
         self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
@@ -189,6 +192,7 @@ class CausalLM:
             if compile:
                 prepare_for_compile(self.model)
             self._step = Step(model_forward, f"the {type(self.model).__name__} forward", compile, self.model)
+            self._chains = {}
             self._compile = compile
         self._recurrent = has_recurrent_state(self.kv.cache)
         self._obstacle = tree_obstacle(self.model, self.kv.cache)
@@ -281,6 +285,19 @@ class CausalLM:
                              f"{tuple(visible.shape)}")
         mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, width)
         return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
+
+    def chain(self, fn: Callable[..., Any], rows: int, *args: Any) -> Any:
+        """`fn(model, cache, *args)`, a drafter's loop of forwards that appends `rows` positions
+        to a static cache, run as one fixed-shape step (one compiled graph when compiling)."""
+        kv = self._kv
+        if not kv.static:
+            raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
+        kv.reserve(rows)
+        if fn.__name__ not in self._chains:
+            self._chains[fn.__name__] = Step(fn, f"the {type(self.model).__name__} draft loop", self._compile, self.model)
+        out = self._chains[fn.__name__](kv.cache, *args) if kv.initialized else fn(self.model, kv.cache, *args)
+        kv.advanced(rows)
+        return out
 
     def keep_path(self, base: int, rows: list[int]) -> None:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""

@@ -179,8 +179,9 @@ def test_compiled_sampling_is_lossless() -> None:
 
 def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     """100 tokens, k varying from step to step, an EOS inside an accepted block: one graph per
-    shape (one row, k + 1 rows), not one per step. The draft model is the target itself (every
-    draft accepted, so k climbs), and shares the target's graphs."""
+    shape, not one per step. The draft model is the target itself (every draft accepted, so k
+    climbs) and shares the target's graphs: one row, the verify's k + 1 rows, the draft model's
+    feed of up to k + 1 rows (its last logits only), and its draft loop at the largest k."""
     model = _model("llama", seed=2, layers=3, hidden=48)  # shapes no other test compiles; a varied output
 
     def drafter() -> AdaptiveDraftLength:
@@ -207,7 +208,7 @@ def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     assert len(set(adaptive.requested)) >= 3, f"k barely varied: {adaptive.requested}"
     assert result.stats.steps >= 6 and result.stats.new_tokens < result.stats.steps + result.stats.accepted, \
         "the EOS must cut an accepted block"
-    assert 1 <= graphs <= 3, f"{graphs} graphs for {result.stats.steps} steps"
+    assert 1 <= graphs <= 4, f"{graphs} graphs for {result.stats.steps} steps"
 
 
 def test_graphs_are_reused_by_later_calls_and_never_serve_another_model() -> None:
