@@ -14,7 +14,9 @@ of a chain (`docs/trees.md`). The table gives per drafter:
 - same as plain: whether the tokens equal plain greedy decoding's (lossless: they must).
 
 Tokens/s and speedup are wall-clock figures of small models on a CPU, where each forward's
-fixed cost is large; mean accepted length is the machine-independent number.
+fixed cost is large; mean accepted length is the machine-independent number. Decoding runs on
+the compiled engine (`docs/engine.md`; `--eager` for the eager one); the warm-up round compiles,
+outside the timings.
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ class Row:
     same_as_plain: bool
 
 
-def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], name: str | None, options: dict[str, Any],
-           k: int, new_tokens: int) -> tuple[list[list[int]], Stats]:
-    """Greedy decoding of every prompt with a fresh drafter (None: plain); tokens and summed counters."""
+def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], drafter: Any, k: int, new_tokens: int,
+           compile: bool) -> tuple[list[list[int]], Stats]:
+    """Greedy decoding of every prompt with `drafter` (None: plain); tokens and summed counters."""
     outputs, runs = [], []
     for prompt in prompts:
-        drafter = None if name is None else specdec.make_drafter(name.partition("+")[0], **options)
-        result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens)
+        result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
+                                  compile=compile)
         outputs.append(result.tokens)
         runs.append(result.stats)
     return outputs, total_stats(runs)
@@ -76,16 +78,20 @@ def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
 
 def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace
             ) -> list[Row]:
-    """Plain decoding and every drafter, `args.repeats` interleaved rounds; median times."""
+    """Plain decoding and every drafter, `args.repeats` interleaved rounds; median times. Each drafter
+    is made once (its prefill resets it), so its compiled steps replay in every round."""
     options = drafter_options(directory)
     names: list[str | None] = [None, *DRAFTERS]
-    for name in names:  # warm-up: one-off setup costs stay out of the timings
-        decode(target, prompts[:1], name, options.get(name or "", {}), args.k, 8)
+    drafters = {name: None if name is None else specdec.make_drafter(name.partition("+")[0], **options[name])
+                for name in names}
+    compile = not args.eager
+    for name in names:  # warm-up: compiling and other one-off costs stay out of the timings
+        decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
     times: dict[str | None, list[float]] = {name: [] for name in names}
     results: dict[str | None, tuple[list[list[int]], Stats]] = {}
     for _ in range(args.repeats):
         for name in names:
-            results[name] = decode(target, prompts, name, options.get(name or "", {}), args.k, args.new_tokens)
+            results[name] = decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
             times[name].append(results[name][1].wall_seconds)
     plain_tokens, _ = results[None]
     plain_time = statistics.median(times[None])
@@ -132,6 +138,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds; the median counts (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for decoding (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars while building")
+    parser.add_argument("--eager", action="store_true", help="decode eagerly (default: the compiled engine)")
     args = parser.parse_args(argv)
     for field in ("prompts", "new_tokens", "k", "repeats", "threads"):
         if getattr(args, field) < 1:
@@ -155,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         torch.set_num_threads(previous)
     print(losses(directory))
-    example = decode(target, ids[:1], None, {}, args.k, args.new_tokens)[0][0]
+    example = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
     print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
     print(f"{prompts[0].text}\033[2m{tokenizer.decode(example)}\033[0m" if sys.stdout.isatty()
           else prompts[0].text + tokenizer.decode(example))
     print(f"\n{len(prompts)} held-out prompts ({', '.join(sorted({p.category for p in prompts}))}), greedy, "
-          f"k = {args.k}, {args.new_tokens} new tokens each, {args.threads} thread(s); median of {args.repeats}:")
+          f"k = {args.k}, {args.new_tokens} new tokens each, {args.threads} thread(s), "
+          f"{'eager' if args.eager else 'compiled'}; median of {args.repeats}:")
     print(table(rows))
     print(f"\nTotal {time.perf_counter() - began:.0f} s.")
     return 0 if all(r.same_as_plain for r in rows) else 1

@@ -30,7 +30,8 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLa
                                       LinearAttentionCacheLayerMixin, StaticLayer)
 
 __all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions",
-           "has_recurrent_state", "new_cache", "restore", "snapshot", "static_capacity", "static_obstacle",
+           "has_recurrent_state", "new_cache", "restore", "snapshot", "static_cache_bytes", "static_capacity",
+           "static_obstacle",
            "tree_obstacle", "uncroppable_layers"]
 
 MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
@@ -181,6 +182,17 @@ def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
 def static_capacity(positions: int) -> int:
     """The size of a static cache holding `positions`: rounded up to a multiple of CAPACITY_STEP."""
     return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP
+
+
+def static_cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values a static cache of `capacity` positions holds for a model with
+    `config`: full-attention layers x 2 x KV heads x head dim x capacity x the dtype's size."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    types = getattr(text, "layer_types", None) or ["full_attention"] * int(text.num_hidden_layers)
+    layers = sum(1 for kind in types if kind == "full_attention")
+    return layers * 2 * heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
 
 
 def static_obstacle(owner: Any) -> str | None:

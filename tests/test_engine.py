@@ -57,6 +57,19 @@ def test_a_static_cache_is_sized_once_in_steps_of_its_capacity_unit() -> None:
     assert [layer.keys.data_ptr() for layer in lm.cache.layers] == first, "the same size reuses the buffers"
 
 
+def test_the_static_cache_size_follows_from_the_config() -> None:
+    from transformers import LlamaConfig
+
+    from specdec.cache import static_cache_bytes
+
+    lm = CausalLM(_model("qwen3"))
+    lm.reset(256)
+    lm.forward(torch.tensor(PROMPT), keep=1)
+    assert lm.kv is not None and lm.kv.nbytes == static_cache_bytes(lm.model.config, 256, torch.float32)
+    llama_8b = LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)
+    assert static_cache_bytes(llama_8b, static_capacity(4096 + 5), torch.bfloat16) == 4352 * 128 * 2**10
+
+
 def test_rollback_sets_a_length_and_the_stale_entries_stay_unseen() -> None:
     model = _model("qwen3", dtype=torch.float64)
     ids = torch.tensor(PROMPT)

@@ -40,7 +40,7 @@ class BenchConfig:
     peers: bool = True
     prompts: Path | None = None  # a Spec-Bench question.jsonl; None: held-out code prompts
     prompts_per_category: int = 2
-    engines: tuple[str, ...] = ("eager",)  # "eager" and/or "compiled": specdec's rows on each
+    engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
 
     def __post_init__(self) -> None:
         if not self.engines or any(e not in ENGINES for e in self.engines) or len(set(self.engines)) != len(self.engines):

@@ -231,6 +231,16 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _cost(lm: CausalLM, prompt: torch.Tensor, costs: dict[str, float], rows: int, tree: bool, compile: bool) -> float:
+    """T of a chain or tree verify of `rows` rows, measured (and kept in `costs`) when not yet known."""
+    key = f"{'tree ' if tree else ''}T({rows})"
+    if key not in costs:
+        with torch.inference_mode():
+            measure = tree_forward_costs if tree else forward_costs
+            costs[key] = measure(lm, prompt, [rows], repeats=10, compile=compile)[rows]
+    return costs[key]
+
+
 def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callable[[str], None]) -> dict[str, Any]:
     """Every measure of one synthetic target."""
     dtype = getattr(torch, setting.dtype)
@@ -280,10 +290,12 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                     tokens, baseline = plain[engine, "ngram"] if name == "ngram" else plain[engine]
                     tokens = tokens.tokens if name == "ngram" else tokens
                     row.same_as_plain, row.speedup = result.tokens == tokens, baseline / seconds
-                verify = costs[engine].get(f"T({setting.k + 1})") if "+tree" not in name else \
-                    costs[engine].get(f"tree T({max(setting.tree_rows)})")
-                if name != "plain" and verify:
-                    row.ideal_speedup = stats.mean_accepted_length * costs[engine]["T(1)"] / (verify + row.draft_seconds_per_step)
+                if name != "plain":  # the ideal, from the verify's cost at this row's width
+                    width = max(1, round(stats.drafted / stats.steps)) + 1
+                    verify = _cost(lm, prompt, costs[engine], width, tree="+tree" in name, compile=compile)
+                    row.ideal_speedup = stats.mean_accepted_length * costs[engine]["T(1)"] / \
+                        (verify + row.draft_seconds_per_step)
+                    row.extra["verify_rows"] = width
                 rows.append(row)
                 log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
     if setting.peers:
