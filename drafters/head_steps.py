@@ -44,7 +44,7 @@ class HeadSteps:
         self.kv = KV(self.head, capacity)
         self._compile = engine.compile and self.kv.static
         self._step = Step(_head_forward, self.name, self._compile, self.head)
-        self._chains: dict[str, Step] = {}
+        self._chains = {}
 
     def width(self, rows: int) -> int:
         """Columns of a tree mask for a forward of `rows` rows."""

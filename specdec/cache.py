@@ -233,8 +233,8 @@ class KV:
         """Whether this static cache can be reused for `capacity` positions of `dtype` on `device`."""
         if capacity is None or self.capacity != capacity:
             return False
-        return all(layer.keys.dtype == dtype and layer.keys.device == device
-                   for layer in self._layers if layer.is_initialized)
+        stored = [cast(torch.Tensor, layer.keys) for layer in self._layers if layer.is_initialized]
+        return all(keys.dtype == dtype and keys.device == device for keys in stored)
 
     @property
     def initialized(self) -> bool:
@@ -285,7 +285,8 @@ class KV:
             gather_positions(self.cache, base, rows)
         elif rows != list(range(len(rows))):
             for layer in self._layers:
-                index = torch.tensor(rows, dtype=torch.long).to(layer.keys.device, non_blocking=True) + base
-                layer.keys[:, :, base : base + len(rows)] = layer.keys.index_select(2, index)
-                layer.values[:, :, base : base + len(rows)] = layer.values.index_select(2, index)
+                keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
+                index = torch.tensor(rows, dtype=torch.long).to(keys.device, non_blocking=True) + base
+                keys[:, :, base : base + len(rows)] = keys.index_select(2, index)
+                values[:, :, base : base + len(rows)] = values.index_select(2, index)
         self.rollback(base + len(rows))

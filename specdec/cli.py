@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from specdec import plugins
 from specdec.cli_bench import add_bench_command

@@ -123,8 +123,8 @@ class Step:
             steps = _COMPILED.setdefault(owner, {})
             slot = (name, None if first is None else first.dtype, device)
             if slot not in steps:
-                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
-                                            recompile_limit=RECOMPILE_LIMIT, isolate_recompiles=True)
+                limits: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
+                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device), **limits)
             self._compiled = steps[slot]
 
     @property

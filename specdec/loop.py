@@ -161,12 +161,13 @@ def verify(run: Run, proposal: Proposal) -> Block:
     """One target forward over the last committed id and the draft, and the verdict on it."""
     tick = time.perf_counter()
     n = proposal.draft.tokens.shape[0]
+    shown: Any
     # scratch beyond the committed length; clamped so that a broken draft never indexes past the
     # embedding (its fault is read back with the verdict, and nothing of it is committed)
     drafted = proposal.draft.tokens.clamp(0, run.lm.vocab_size - 1)  # (n,)
     run.tokens[run.length : run.length + n] = drafted
     if proposal.parents is None:
-        verdict, stop_at, hidden, shown = _verify_chain(run, proposal, drafted)
+        verdict, stop_at, hidden, shown = _verify_chain(run, proposal, drafted)  # shown: logits [n + 1, V]
     else:
         tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
                                    rows=run.engine.tree_rows(n))

@@ -294,7 +294,8 @@ class CausalLM:
             raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
         kv.reserve(rows)
         if fn.__name__ not in self._chains:
-            self._chains[fn.__name__] = Step(fn, f"the {type(self.model).__name__} draft loop", self._compile, self.model)
+            name = f"the {type(self.model).__name__} draft loop"
+            self._chains[fn.__name__] = Step(fn, name, self._compile, self.model)
         out = self._chains[fn.__name__](kv.cache, *args) if kv.initialized else fn(self.model, kv.cache, *args)
         kv.advanced(rows)
         return out
@@ -312,7 +313,8 @@ class CausalLM:
             rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
             positions = rows.clamp(max=self.max_positions - 1)[None]  # (1, n)
         args = (kv.cache, input_ids, keep, hidden, mask, positions)
-        out = self._step(*args) if step and self._step is not None and kv.initialized else model_forward(self.model, *args)
+        run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
+        out = run(*args) if run is not None else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0])
         return out
 

@@ -21,7 +21,7 @@ from scipy.stats import chisquare
 from transformers import PreTrainedModel
 
 import specdec
-from specdec import Sampling, Verdict
+from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 from specdec.sampling import probabilities
 

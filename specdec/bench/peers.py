@@ -77,5 +77,5 @@ def _compile_config(model: PreTrainedModel) -> Any:
     if model.device.type == "cuda":
         return CompileConfig()
     config = CompileConfig(mode="default")
-    config._compile_all_devices = True
+    setattr(config, "_compile_all_devices", True)  # transformers' switch for devices other than CUDA
     return config

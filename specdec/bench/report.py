@@ -159,7 +159,7 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
     for r in chosen:
         same = "-" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
         share = r["draft_share"]
-        row = (r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
+        row: tuple[str, ...] = (r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
                _cell(r["acceptance_rate"], 2, spread=False), _cell(r["draft_size"], 1, spread=False),
                _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
                _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),

@@ -43,7 +43,8 @@ class BenchConfig:
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
 
     def __post_init__(self) -> None:
-        if not self.engines or any(e not in ENGINES for e in self.engines) or len(set(self.engines)) != len(self.engines):
+        engines = self.engines
+        if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):
             raise ValueError(f"engines must be distinct values of {ENGINES}, got {self.engines!r}")
 
 
@@ -83,15 +84,15 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             rows.append((f"{base}:k={k}" if len(ks) > 1 or k == "auto" else base, name, own, k, tree))
     labels = [label for label, *_ in rows]
     named: list[tuple[str, str | None, dict[str, Any], int | str, bool]] = []
-    for label, name, own, k, tree in rows:
+    for label, drafter, own, k, tree in rows:
         if labels.count(label) > 1:
             shown = ",".join(f"{key}={value}" for key, value in own.items() if key not in _PATH_OPTIONS)
             label = f"{label}[{shown}]"
-        named.append((label, name, own, k, tree))
-    for label, name, own, k, tree in [("plain", None, {}, 0, False), *named]:
+        named.append((label, drafter, own, k, tree))
+    for label, drafter_name, own, k, tree in [("plain", None, {}, 0, False), *named]:
         for engine in engines:
             suffix = "@compiled" if engine == "compiled" and len(engines) > 1 else ""
-            out.append(Contender(label + suffix, name, own, k, tree=tree, compile=engine == "compiled",
+            out.append(Contender(label + suffix, drafter_name, own, k, tree=tree, compile=engine == "compiled",
                                  baseline="plain" + suffix))
     if peers:
         int_ks = [k for k in ks if isinstance(k, int)] or [4]
@@ -132,7 +133,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
             from specdec.checkpoints import load_causal_lm
 
             source = contender.options.get("model")
-            assistant = (load_causal_lm(source).to(device=model.device, dtype=model.dtype)
+            assistant = (load_causal_lm(source).to(device=model.device, dtype=model.dtype)  # type: ignore[call-arg]
                          if isinstance(source, (str, Path)) else source)
             break
     turns = sum(len(q.turns) for q in questions)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import json
 import statistics
 import tempfile
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
@@ -63,9 +64,10 @@ class Shape:
     def config(self) -> LlamaConfig:
         return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, num_hidden_layers=self.layers,
                            num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
-                           intermediate_size=self.intermediate, max_position_embeddings=8192, rope_theta=500000.0,
+                           intermediate_size=self.intermediate, max_position_embeddings=8192,
+                           rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
                            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                           attn_implementation="sdpa")
+                           attn_implementation="sdpa")  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def _layer_skip(target: PreTrainedModel, layers: int) -> PreTrainedModel:
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers
     with torch.device("meta"):
-        draft = LlamaForCausalLM(config)
+        draft = LlamaForCausalLM(config)  # type: ignore[arg-type]
     draft.model.embed_tokens = target.model.embed_tokens
     draft.model.layers = torch.nn.ModuleList(target.model.layers[:layers])
     draft.model.norm, draft.lm_head = target.model.norm, target.lm_head
@@ -161,13 +163,13 @@ def drafter_factories(target: PreTrainedModel, directory: Path, names: Sequence[
                       str(directory / "mtp" / "model.safetensors"))
         if base in ("eagle", "medusa", "mtp"):
             options["path"] = str(directory / base)
-        made[name] = lambda base=base, options=options: make_drafter(base, **options)
+        made[name] = functools.partial(make_drafter, base, **options)
     return made
 
 
 def weight_bytes(model: PreTrainedModel) -> int:
     """Bytes a plain step reads: every parameter but the input embedding, of which one row."""
-    embedding = model.get_input_embeddings().weight
+    embedding = cast(torch.Tensor, model.get_input_embeddings().weight)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     return total - embedding.numel() * embedding.element_size() + embedding.shape[1] * embedding.element_size()
 
@@ -263,7 +265,7 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
         log(f"  {engine} forward costs: " + ", ".join(f"{key} {1000 * t:.2f} ms" for key, t in costs[engine].items()
                                                          if key.startswith(("T(", "tree"))))
     rows: list[Row] = []
-    plain: dict[str, Any] = {}
+    plain: dict[Any, Any] = {}  # engine (and "ngram") -> (tokens or Generation, seconds)
     bound = weight_bytes(model) / (peak_bandwidth(device) or copy_bandwidth(device))
     with tempfile.TemporaryDirectory() as scratch:
         factories = drafter_factories(model, Path(scratch), setting.drafters)
@@ -300,11 +302,11 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                 log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
     if setting.peers:
         for peer in ("hf-plain", "hf-static"):
-            (tokens, stats), seconds, compiled = _timed(
-                lambda peer=peer: hf_generate(model, prompt, peer, 0, setting.new_tokens, Sampling()), setting.repeats)
+            call = functools.partial(hf_generate, model, prompt, peer, 0, setting.new_tokens, Sampling())
+            (tokens, stats), seconds, compiled = _timed(call, setting.repeats)
             reference = plain.get("eager", plain.get("compiled"))
-            rows.append(Row(shape.name, peer, "transformers", stats.new_tokens / seconds, 1.0, seconds / stats.steps, 0.0,
-                            compiled, same_as_plain=reference is not None and tokens == reference[0],
+            rows.append(Row(shape.name, peer, "transformers", stats.new_tokens / seconds, 1.0, seconds / stats.steps,
+                            0.0, compiled, same_as_plain=reference is not None and tokens == reference[0],
                             bandwidth_share=bound / (seconds / stats.new_tokens)))
             log(f"  {peer}: {rows[-1].tokens_per_second:.1f} tokens/s")
     return {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
@@ -357,7 +359,7 @@ def _zoo(directory: Path, setting: Setting, device: torch.device, out: Path) -> 
     config = BenchConfig(target=directory / "target", drafters=tuple(drafters), ks=(setting.k,),
                          max_new_tokens=setting.new_tokens, repeats=setting.repeats, warmup=1,
                          engines=setting.engines, peers=setting.peers)
-    model = load_causal_lm(directory / "target", dtype=getattr(torch, setting.dtype)).to(device)
+    model = load_causal_lm(directory / "target", dtype=getattr(torch, setting.dtype)).to(device)  # type: ignore[arg-type]
     records, _ = run_session(config, out, model, load_tokenizer(directory / "target"))
     return {"records": records, "table": bench_table(records)}
 
