@@ -25,7 +25,8 @@ from specdec.counters import Counters
 from specdec.engine import Engine
 from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
-from specdec.target import CausalLM, TreeLogits
+from specdec.target import CausalLM
+from specdec.tree_logits import TreeLogits
 from specdec.trace import Trace
 from specdec.trees import depths, first_path
 from specdec.types import Draft, Generation, Sampling, Verdict

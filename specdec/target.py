@@ -23,47 +23,13 @@ from transformers.cache_utils import Cache
 from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state, restore, snapshot,
                            static_obstacle, tree_obstacle, uncroppable_layers)
 from specdec.engine import Step
+from specdec.tree_logits import TreeLogits, head_reproduces
 from specdec.trees import additive_mask, ancestor_mask, depths
 
 __all__ = ["CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
 
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
                      "model.decoder.final_layer_norm")
-
-
-class TreeLogits:
-    """The target's logits over a tree forward's rows, computed a row at a time when possible.
-
-    A greedy or sampled walk of the tree visits at most depth + 1 of its n + 1 rows, so the LM
-    head (V columns per row, the widest matmul of a small model) runs on those rows alone; the
-    root's row comes with the forward.
-    """
-
-    def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None,
-                 root: torch.Tensor | None = None) -> None:
-        self.hidden = hidden  # (n+1, H) last-layer, post-final-norm
-        self._head = head
-        self._full = full  # (n+1, V) when every row was computed by the model
-        self._rows: dict[int, torch.Tensor] = {} if root is None else {0: root}
-        self._dtype = root.dtype if root is not None else None  # the model's logits dtype
-
-    def row(self, r: int) -> torch.Tensor:
-        """Logits [V] of row r (0 = the root, i + 1 = node i)."""
-        if self._full is not None:
-            return self._full[r]
-        if r not in self._rows:
-            logits = self._head(self.hidden[r : r + 1])[0]
-            self._rows[r] = logits if self._dtype is None else logits.to(self._dtype)
-        return self._rows[r]
-
-    def argmax(self, r: int) -> int:
-        return int(self.row(r).argmax())
-
-    def all(self) -> torch.Tensor:
-        """Logits [n + 1, V] of every row."""
-        if self._full is not None:
-            return self._full
-        return torch.stack([self.row(r) for r in range(self.hidden.shape[0])])
 
 
 class CausalLM:
@@ -262,7 +228,7 @@ class CausalLM:
         assert states is not None
         states = states[: n + 1]
         if self._lazy_head is None:
-            self._lazy_head = _head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
+            self._lazy_head = head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
             return TreeLogits(states, self.lm_head, logits[: n + 1])
         return TreeLogits(states, self.lm_head, None, logits[0]) if self._lazy_head else \
             TreeLogits(states, self.lm_head, logits[: n + 1])
@@ -376,22 +342,3 @@ def prepare_for_compile(model: PreTrainedModel) -> None:
     except ImportError:  # a transformers without lazy hooks needs nothing
         return
     maybe_install_capturing_hooks(model)
-
-
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-
-
-def _head_reproduces(config: object, head: nn.Module, states: torch.Tensor, logits: torch.Tensor) -> bool:
-    """Whether the model's logits [n, V] are its LM head applied to its last hidden states [n, H]:
-    not with logit soft-capping or scaling (read from the config, then checked numerically to a
-    few ulps of the hidden states' dtype), nor if the hidden states were taken before a norm."""
-    for name in _LOGIT_TRANSFORMS:
-        value = getattr(config, name, None)
-        if value is not None and value not in (0, 1, 1.0):
-            return False
-    mine = head(states).float()  # (n, V)
-    reference = logits.float()
-    if mine.shape != reference.shape:
-        return False
-    scale = max(float(reference.abs().max()), 1.0) if reference.numel() else 1.0
-    return bool((mine - reference).abs().max() <= 16 * torch.finfo(states.dtype).eps * scale)

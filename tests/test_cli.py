@@ -277,3 +277,26 @@ def test_installed_console_script_lists_drafters() -> None:
     assert done.returncode == 0, done.stderr
     names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
     assert {"ngram", "draft-model"} <= set(names)
+
+
+# ---- the engine's options -------------------------------------------------------------------
+
+def test_generate_compiled_prints_the_eager_text(checkpoint: Checkpoint, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(generate_args(checkpoint, "--drafter", "ngram", "--compile")) == 0
+    text, stats = parse_output(capsys.readouterr().out)
+    assert text == api_text(checkpoint, drafter="ngram")[0]
+    assert stats["steps"] >= 1
+
+
+@pytest.mark.parametrize("command", ["verify", "trace"])
+def test_every_model_command_takes_device_and_dtype(checkpoint: Checkpoint, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str], command: str) -> None:
+    common = ["--target", str(checkpoint.directory), "--device", "cpu", "--dtype", "bfloat16"]
+    if command == "verify":
+        argv = ["verify", *common, PROMPT, "the cat"]
+    else:
+        argv = ["trace", *common, "--drafter", "ngram", "--max-new-tokens", "8", "--quiet",
+                "--out", str(tmp_path / "trace.html"), PROMPT]
+    assert run(argv) == 0, capsys.readouterr().err
+    assert run([command, *common[:2], "--dtype", "float8"] + argv[len(common) + 1:]) == 2
+    assert "float8" in capsys.readouterr().err
