@@ -133,26 +133,15 @@ def draft(run: Run) -> Proposal:
     k = min(run.k, budget - 1)
     proposed = _call(run, "propose", run.ctx, k)
     parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, values=False)
-    if parents is not None:  # a tree is walked on the host: check its values now
-        validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
-    if parents is not None and len(parents) > run.engine.draft_nodes:
-        said = f"its max_draft_nodes({run.k}) is" if run.engine.declared else "a drafter that declares no " \
-            "max_draft_nodes(k) may draft at most"
-        raise DraftError(f"drafter {run.name!r} returned a tree of {len(parents)} nodes, but {said} "
-                         f"{run.engine.draft_nodes}; declare the largest tree it drafts (max_draft_nodes)")
+    if parents is not None:
+        _check_tree(run, proposed, k, parents)
     if run.lm.cache_length != run.length - 1:
         raise DraftError(f"drafter {run.name!r} changed the target's KV cache ({run.length - 1} -> "
                          f"{run.lm.cache_length} positions); drafters must not run ctx.target.forward")
     nodes = None
     if parents is not None and run.lm.tree_obstacle is not None:
-        if not run.warned:
-            warnings.warn(f"specdec: {type(run.lm.model).__name__} cannot verify token trees: "
-                          f"{run.lm.tree_obstacle}; the trees of drafter {run.name!r} are verified as "
-                          "chains (each tree's first-child path)", stacklevel=4)
-            run.warned = True
-        nodes = first_path(parents)
-        probs = None if proposed.probs is None else proposed.probs[nodes]
-        proposed, parents = Draft(proposed.tokens[nodes], probs), None
+        proposed, nodes = _first_path(run, proposed, parents)
+        parents = None
     faults = draft_faults(proposed, run.lm.vocab_size) if parents is None and proposed.tokens.numel() else None
     _synchronize(run.lm.device)
     return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults)
@@ -248,6 +237,29 @@ def first_stop(out: torch.Tensor, num_accepted: torch.Tensor, stop: torch.Tensor
         return torch.full((), out.shape[0], dtype=torch.long, device=out.device)
     hit = torch.isin(out, stop) & (index <= num_accepted.to(out.device))
     return torch.where(hit, index, out.shape[0]).min()
+
+
+def _check_tree(run: Run, proposed: Draft, k: int, parents: list[int]) -> None:
+    """A tree's values (it is walked on the host, so they are read now) and its size."""
+    validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
+    if len(parents) > run.engine.draft_nodes:
+        said = f"its max_draft_nodes({run.k}) is" if run.engine.declared else \
+            "a drafter that declares no max_draft_nodes(k) may draft at most"
+        raise DraftError(f"drafter {run.name!r} returned a tree of {len(parents)} nodes, but {said} "
+                         f"{run.engine.draft_nodes}; declare the largest tree it drafts (max_draft_nodes)")
+
+
+def _first_path(run: Run, proposed: Draft, parents: list[int]) -> tuple[Draft, list[int]]:
+    """The tree's first-child path as a chain, for a target that cannot verify trees (warned
+    once per run), and the node behind each of its positions."""
+    if not run.warned:
+        warnings.warn(f"specdec: {type(run.lm.model).__name__} cannot verify token trees: "
+                      f"{run.lm.tree_obstacle}; the trees of drafter {run.name!r} are verified as "
+                      "chains (each tree's first-child path)", stacklevel=5)
+        run.warned = True
+    nodes = first_path(parents)
+    probs = None if proposed.probs is None else proposed.probs[nodes]
+    return Draft(proposed.tokens[nodes], probs), nodes
 
 
 def _verify_tree(tree: TreeLogits, draft_: Draft, parents: list[int], sampling: Sampling,
