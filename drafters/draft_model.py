@@ -78,7 +78,7 @@ class DraftModelDrafter:
         self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature)
         self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
         self._kept: list[int] = []  # search id of each node of the last tree draft
-        self.lm = CausalLM(_load(model))
+        self.lm = CausalLM(_load(model), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
         self._max_draft = 0  # the loop's k in this generation
@@ -91,7 +91,7 @@ class DraftModelDrafter:
             )
         if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
             moved = self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype)  # type: ignore[call-arg]
-            self.lm = CausalLM(moved)
+            self.lm = CausalLM(moved, role="draft model")
         if self.lm.device != ctx.target.device:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from specdec.cache import KV, static_obstacle
-from specdec.engine import Engine, Step
+from specdec.engine import Engine, Step, step_for
 
 __all__ = ["HeadSteps"]
 
@@ -25,8 +25,9 @@ class HeadSteps:
         self.head, self.name = head, name
         self.kv = KV(head)
         self._compile = False
+        self._where: tuple[torch.dtype | None, torch.device | None] = (None, None)  # the head's at the last reset
         self._step = Step(_head_forward, name, False, head)
-        self._chains: dict[str, Step] = {}
+        self._chains: dict[tuple[Any, ...], Step] = {}
 
     @property
     def length(self) -> int:
@@ -41,10 +42,16 @@ class HeadSteps:
         the committed sequence and the verify; compiled steps when the engine compiles. Call it
         after the head has moved to the target's device and dtype."""
         capacity = engine.capacity(extra) if engine.max_length and static_obstacle(self.head) is None else None
-        self.kv = KV(self.head, capacity)
-        self._compile = engine.compile and self.kv.static
-        self._step = Step(_head_forward, self.name, self._compile, self.head)
-        self._chains = {}
+        dtype, device = next(self.head.parameters()).dtype, next(self.head.parameters()).device
+        if self.kv.fits(capacity, dtype, device):  # the same buffers: CUDA graphs captured on them replay
+            self.kv.rollback(0)
+        else:
+            self.kv = KV(self.head, capacity)
+        compile = engine.compile and self.kv.static
+        if (compile, self.name, dtype, device) != (self._compile, self._step.name, *self._where):
+            self._compile, self._where = compile, (dtype, device)
+            self._step = Step(_head_forward, self.name, compile, self.head, restore=self._restore)
+            self._chains = {}
 
     def width(self, rows: int) -> int:
         """Columns of a tree mask for a forward of `rows` rows."""
@@ -74,12 +81,18 @@ class HeadSteps:
         """`fn(head, cache, *args)`: a drafter's draft loop, which writes `rows` entries, run as one
         step (one compiled graph per shape), e.g. k - 1 head forwards and k draws."""
         self.kv.reserve(rows)
-        if fn.__name__ not in self._chains:
-            self._chains[fn.__name__] = Step(fn, f"{self.name}'s draft loop", self._compile, self.head)
-        out = self._chains[fn.__name__](self.kv.cache, *args) if self.kv.initialized else fn(self.head, self.kv.cache,
-                                                                                              *args)
+        if not self.kv.initialized:  # transformers allocates a static cache on its first write: never compiled
+            out = fn(self.head, self.kv.cache, *args)
+        else:
+            step = step_for(self._chains, fn, f"{self.name}'s draft loop", self._compile, self.head, args,
+                            self._restore)
+            out = step(self.kv.cache, *args)
         self.kv.advanced(rows)
         return out
+
+    def _restore(self) -> None:
+        """Undo what a compiled step that failed may have written: the cache's length."""
+        self.kv.rollback(self.kv.length)
 
 
 def _head_forward(head: nn.Module, cache: Any, mask: torch.Tensor | None, *inputs: Any) -> Any:

@@ -230,6 +230,7 @@ class MtpDrafter:
         experts = getattr(ctx.target.config, "_experts_implementation", None)
         if experts is not None:  # run MoE experts with the target's kernels (float64 needs "eager")
             self.head.layer_config._experts_implementation = experts
+        self.steps.name = f"the MTP module ({experts} experts)" if experts is not None else "the MTP module"
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = self._logit_input = None

@@ -198,10 +198,19 @@ def static_cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
 def static_obstacle(owner: Any) -> str | None:
     """Why `owner` (a model, or a drafter head with a `.config`) cannot run on a static cache, or None.
 
-    A static cache serves full-attention layers (and stateless MoE/MLP layers). Sliding windows
-    keep a ring buffer that cannot be rolled back, and linear-attention state rolls back only by
-    snapshot and replay; both stay on the dynamic cache.
+    A static cache serves full-attention layers (and stateless MoE/MLP layers) of a model whose
+    attention masks the cache's unused tail (eager or sdpa attention; flash attention reads the
+    whole buffer unless given a 2D mask) and that transformers can run on one
+    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot). Sliding windows keep
+    a ring buffer that cannot be rolled back, and linear-attention state rolls back only by
+    snapshot and replay; all these stay on the dynamic cache.
     """
+    if isinstance(owner, PreTrainedModel) and getattr(owner, "_can_compile_fullgraph", False) is not True:
+        return f"transformers runs {type(owner).__name__} on dynamic caches only (_can_compile_fullgraph is false)"
+    attention = getattr(owner.config, "_attn_implementation", None) or "eager"
+    if attention not in _TREE_ATTENTION:
+        return (f"its attention implementation {attention!r} would read a static cache's stale tail "
+                "(load it with attn_implementation='sdpa' or 'eager')")
     for layer in new_cache(owner).layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             return "its linear-attention layers roll back by snapshot and replay, on a dynamic cache"

@@ -27,7 +27,7 @@ from torch import nn
 
 from specdec.cache import static_capacity
 
-__all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures", "compile_seconds"]
+__all__ = ["UNDECLARED_NODES", "Engine", "Step", "compile_failures", "compile_seconds", "step_for"]
 
 RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 UNDECLARED_NODES = 64  # the tree budget of a drafter without max_draft_nodes
@@ -102,15 +102,21 @@ class Step:
     compiling failed.
 
     `owner` is the module the step runs (a model, a drafter head). Its compiled graphs are kept
-    with it, by `name` and the owner's dtype and device, so every Step of that owner shares them
-    across calls, and no other module ever runs them: they skip dynamo's guards on module
-    attributes (checking those costs more than a small model's step), which is sound because a
-    graph only ever sees the module it was compiled for. The module's weights may change in place
-    (they are inputs); its configuration must not once it has compiled.
+    with it, by `name`, `fn`, the owner's dtype and device and the structure of any other module
+    the step takes as an argument (`uses`, e.g. a target's LM head in a drafter's draft loop), so
+    every Step of that owner shares them across calls and no other module ever runs them. They
+    skip dynamo's guards on module attributes (checking those costs more than a small model's
+    step), which is sound because a graph only ever sees the modules it was compiled for. The
+    modules' weights may change in place (they are inputs); their configuration must not once
+    they have compiled.
+
+    `restore`, when given, puts back whatever state a failed compiled call may have touched
+    before the call is run eagerly (a cache's length).
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module) -> None:
-        self.fn, self.name, self.owner = fn, name, owner
+    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module,
+                 uses: tuple[nn.Module, ...] = (), restore: Callable[[], None] | None = None) -> None:
+        self.fn, self.name, self.owner, self.restore = fn, name, owner, restore
         first = next(owner.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
         self.key = (name, type(owner).__name__)
@@ -120,8 +126,12 @@ class Step:
             warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly",
                           stacklevel=3)
         elif enabled:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
             steps = _COMPILED.setdefault(owner, {})
-            slot = (name, None if first is None else first.dtype, device)
+            slot = (name, fn.__module__, fn.__qualname__, None if first is None else first.dtype, device,
+                    tuple(_structure(module) for module in uses))
             if slot not in steps:
                 limits: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
                 steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device), **limits)
@@ -140,6 +150,8 @@ class Step:
         try:
             out = self._compiled(self.owner, *args)
         except Exception as error:  # dynamo and inductor raise many kinds; an eager run tells which it was
+            if self.restore is not None:
+                self.restore()
             out = self.fn(self.owner, *args)  # a real error in `fn` is raised here, uncompiled
             reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
             _FAILED[self.key] = f"{type(error).__name__}: {reason[:300]}"
@@ -148,6 +160,27 @@ class Step:
                           stacklevel=3)
             return out
         return _clone(out) if self.cuda_graphs else out
+
+
+def step_for(steps: dict[tuple[Any, ...], Step], fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module,
+             args: tuple[Any, ...], restore: Callable[[], None] | None = None) -> Step:
+    """The Step of `fn` for these arguments among `steps` (made on first use): one per function
+    and per structure of the modules among `args` (a drafter's loop takes the target's LM head)."""
+    uses = tuple(arg for arg in args if isinstance(arg, nn.Module))
+    key = (fn.__module__, fn.__qualname__, tuple(_structure(module) for module in uses))
+    if key not in steps:
+        steps[key] = Step(fn, name, enabled, owner, uses, restore)
+    return steps[key]
+
+
+def _structure(module: nn.Module) -> tuple[Any, ...]:
+    """What a graph depends on in a module passed as an argument, but its weights' values: its
+    class, its tensors' names, shapes and dtypes, and its plain attributes."""
+    tensors = tuple((name, tuple(t.shape), t.dtype) for name, t in
+                    [*module.named_parameters(), *module.named_buffers()])
+    plain = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))))
+    return type(module), tensors, plain
 
 
 def _clone(out: Any) -> Any:

@@ -59,7 +59,7 @@ def generate(
     k = num_draft_tokens if resolved is not None else 0
     nodes = _draft_nodes(resolved, k)
     engine = Engine(compile=compile, max_length=prompt.shape[0] + max_new_tokens, max_draft=k,
-                    draft_nodes=nodes or max(k, UNDECLARED_NODES), declared=nodes is not None)
+                    draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None)
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():

@@ -173,7 +173,7 @@ def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
     """The chain's verify forward, padded to k + 1 rows (one row for an empty draft), and its
     verdict, read back in one transfer with the first stop id and the draft's faults."""
     lm, n = run.lm, drafted.shape[0]
-    rows = 1 if n == 0 else run.engine.max_draft + 1  # one shape for every draft, one for none
+    rows = run.engine.max_draft + 1 if n and lm.static else n + 1  # one shape for every draft, one for none
     ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
     logits, hidden = lm.forward(ids, keep=rows, hidden=run.wants_hidden, rows=rows)
     logits = logits[: n + 1]  # (n + 1, V)
@@ -279,7 +279,7 @@ def _call(run: Run, method: str, *args: Any) -> Any:
     """The drafter's `method`; whatever it raises comes back as a DraftError naming it and the method."""
     try:
         return getattr(run.drafter, method)(*args)
-    except DraftError:
+    except (DraftError, MemoryError, torch.OutOfMemoryError):  # out of memory is no drafter's fault
         raise
     except Exception as error:
         raise DraftError(f"drafter {run.name!r} raised in {method}: {type(error).__name__}: {error}") from error

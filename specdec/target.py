@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 
 from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state, restore, snapshot,
                            static_obstacle, tree_obstacle, uncroppable_layers)
-from specdec.engine import Step
+from specdec.engine import Step, step_for
 from specdec.tree_logits import TreeLogits, head_reproduces
 from specdec.trees import additive_mask, ancestor_mask, depths
 
@@ -44,10 +44,12 @@ class CausalLM:
     without `rows` (prefills, whose length varies) run eagerly.
     """
 
-    def __init__(self, model: PreTrainedModel, share_cache: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, share_cache: bool = False, role: str = "") -> None:
         """share_cache: take a static cache of the right size left by an earlier adapter of the same
         model that shared its own (`specdec.generate` does, so repeated calls reuse one buffer and
-        the CUDA graphs captured on it); such adapters must not run at the same time."""
+        the CUDA graphs captured on it); such adapters must not run at the same time.
+        role: names this adapter's compiled steps apart from other adapters of the same model
+        (a draft model that is the target itself keeps graphs, and CUDA graphs, of its own)."""
         if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
             raise TypeError(
                 f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
@@ -80,9 +82,10 @@ class CausalLM:
         self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
         self.kv: KV | None = None
         self._share = share_cache
+        self._role = f" ({role})" if role else ""
         self._step: Step | None = None  # the model's forward as a (compiled) fixed-shape step
         self._compile = False  # whether the last reset asked for compiled steps
-        self._chains: dict[str, Step] = {}  # drafters' loops of forwards (`chain`), by function name
+        self._chains: dict[tuple[Any, ...], Step] = {}  # drafters' loops of forwards (`chain`)
         self._recurrent = False  # whether rollback needs snapshots (hybrid model)
         self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
         self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
@@ -157,7 +160,8 @@ class CausalLM:
         if self._step is None or self._compile != compile:
             if compile:
                 prepare_for_compile(self.model)
-            self._step = Step(model_forward, f"the {type(self.model).__name__} forward", compile, self.model)
+            self._step = Step(model_forward, f"the {type(self.model).__name__} forward{self._role}", compile,
+                              self.model, restore=self._restore)
             self._chains = {}
             self._compile = compile
         self._recurrent = has_recurrent_state(self.kv.cache)
@@ -185,7 +189,7 @@ class CausalLM:
             raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
         base = kv.length
         padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
-        index = keep if rows == n else torch.arange(n - keep, n, device=self.device)
+        index = torch.arange(n - keep, n, device=self.device)  # the same graph whatever n
         logits, states = self._run(padded, index, hidden, step=True)
         kv.rollback(base + n)  # the padding is stale
         return logits, None if states is None else states[:n]
@@ -259,12 +263,17 @@ class CausalLM:
         if not kv.static:
             raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
         kv.reserve(rows)
-        if fn.__name__ not in self._chains:
-            name = f"the {type(self.model).__name__} draft loop"
-            self._chains[fn.__name__] = Step(fn, name, self._compile, self.model)
-        out = self._chains[fn.__name__](kv.cache, *args) if kv.initialized else fn(self.model, kv.cache, *args)
+        if not kv.initialized:  # transformers allocates a static cache on its first write: never compiled
+            out = fn(self.model, kv.cache, *args)
+        else:
+            name = f"the {type(self.model).__name__} draft loop{self._role}"
+            out = step_for(self._chains, fn, name, self._compile, self.model, args, self._restore)(kv.cache, *args)
         kv.advanced(rows)
         return out
+
+    def _restore(self) -> None:
+        """Undo what a compiled forward that failed may have written: the cache's length."""
+        self._kv.rollback(self._kv.length)
 
     def keep_path(self, base: int, rows: list[int]) -> None:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""

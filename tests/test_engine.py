@@ -424,3 +424,66 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_zoo) -> Non
             (short, short_steps), (long, long_steps) = reads
             assert long_steps > short_steps
             assert long - short == long_steps - short_steps, f"{name} {sampling}: host reads {reads}"
+
+
+# --- what runs on a static cache, and what compiles -------------------------------------------------
+
+def test_models_transformers_runs_on_dynamic_caches_only_keep_them_and_decode_exactly() -> None:
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=64,
+                          attention_types=[[["global", "local"], 1]], window_size=8, bos_token_id=None,
+                          eos_token_id=None, pad_token_id=None)
+    model = GPTNeoForCausalLM(config).double().eval()
+    lm = CausalLM(model)
+    assert lm.static_obstacle is not None and "dynamic caches only" in lm.static_obstacle
+    result = specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=30)
+    assert result.tokens == hf_greedy(model, PROMPT, 30)
+
+
+def test_attention_that_would_read_a_static_caches_tail_keeps_a_dynamic_cache() -> None:
+    model = _model("llama")
+    model.config._attn_implementation = "flash_attention_2"
+    obstacle = CausalLM(model).static_obstacle
+    assert obstacle is not None and "'flash_attention_2'" in obstacle
+
+
+def test_draws_invert_the_cdf_exactly_over_a_large_vocabulary() -> None:
+    from specdec.sampling import draw
+
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.randn(151_936, generator=generator).softmax(-1)  # float32, as a model's q
+    probs[::97] = 0.0
+    probs /= probs.sum()
+    cdf = probs.double().cumsum(0)
+    start = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
+    bins = torch.randint(0, probs.numel(), (4000,), generator=generator)
+    bins = bins[probs[bins] > 0]
+    uniforms = ((start[bins] + cdf[bins]) / 2 / cdf[-1])  # the middle of each bin
+    drawn = draw(probs.expand(bins.numel(), -1), uniforms)
+    assert torch.equal(drawn, bins), f"{int((drawn != bins).sum())} of {bins.numel()} draws left their bin"
+    zero = torch.arange(0, probs.numel(), 97)[:500]  # a uniform at a zero-width bin's place lands past it
+    landed = draw(probs.expand(zero.numel(), -1), (start[zero] / cdf[-1]).clamp(max=1 - 1e-12))
+    assert bool((probs[landed] > 0).all())
+
+
+def test_a_step_is_kept_per_function_and_per_structure_of_the_modules_it_takes() -> None:
+    from torch import nn
+
+    from specdec.engine import step_for
+
+    owner = nn.Linear(4, 4)
+
+    def first(module, x):  # type: ignore[no-untyped-def]
+        return x + 1
+
+    def second(module, x):  # type: ignore[no-untyped-def]
+        return x + 2
+
+    steps: dict = {}
+    plain, biased = nn.Linear(4, 8, bias=False), nn.Linear(4, 8)
+    a = step_for(steps, first, "loop", False, owner, (plain, torch.zeros(1)))
+    assert step_for(steps, first, "loop", False, owner, (nn.Linear(4, 8, bias=False), torch.ones(1))) is a
+    assert step_for(steps, second, "loop", False, owner, (plain, torch.zeros(1))) is not a
+    assert step_for(steps, first, "loop", False, owner, (biased, torch.zeros(1))) is not a
