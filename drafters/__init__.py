@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.hookspecs import hookimpl
 from specdec.protocols import Drafter
 
-__all__ = ["DraftModelDrafter", "EagleDrafter", "MedusaDrafter", "MtpDrafter", "NgramDrafter", "specdec_register_drafters"]
+__all__ = ["DraftModelDrafter", "Eagle3Drafter", "EagleDrafter", "MedusaDrafter", "MtpDrafter", "NgramDrafter",
+           "specdec_register_drafters"]
 
 
 @hookimpl
 def specdec_register_drafters() -> list[type[Drafter]]:
-    return [NgramDrafter, DraftModelDrafter, MedusaDrafter, EagleDrafter, MtpDrafter]
+    return [NgramDrafter, DraftModelDrafter, MedusaDrafter, EagleDrafter, Eagle3Drafter, MtpDrafter]

@@ -27,13 +27,14 @@ def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
     if isinstance(model, PreTrainedModel):
         return model
     if isinstance(model, (str, Path)):
-        path = Path(model)
+        from specdec.checkpoints import load_causal_lm, resolve_checkpoint
+
+        path = resolve_checkpoint(model, "draft-model model")
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"draft-model: {str(path)!r} is not a model directory (no config.json)")
-        from specdec.checkpoints import load_causal_lm
 
         return load_causal_lm(path)
-    raise TypeError(f"draft-model: model= must be a transformers causal LM or a directory, got {model!r}")
+    raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory or a hub id, got {model!r}")
 
 
 def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int,
@@ -56,7 +57,7 @@ def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Te
 
 
 class DraftModelDrafter:
-    """Drafts with `model` (a causal LM or a checkpoint directory) on the target's vocabulary.
+    """Drafts with `model` (a causal LM, a checkpoint directory or a hub id) on the target's vocabulary.
 
     A model loaded here from a directory follows the target's device and dtype; a model passed
     in must already be on the target's device.

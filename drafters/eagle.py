@@ -38,6 +38,7 @@ from specdec.drafters.feature_pairs import pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.weights import PICKLE, SAFETENSORS, read_weights
 from specdec.protocols import DraftContext
 from specdec.sampling import pick
 from specdec.target import CausalLM
@@ -46,8 +47,6 @@ from specdec.types import Draft, Sampling
 
 __all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
 
-SAFETENSORS = "model.safetensors"
-PICKLE = "pytorch_model.bin"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
 
@@ -92,26 +91,17 @@ class EagleHead(nn.Module):
         return new_cache(cast(PreTrainedModel, self))  # only reads .config (a 1-layer layout)
 
 
-def _read_weights(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    for name in (SAFETENSORS, PICKLE):
-        file = path / name
-        if file.is_file():
-            if name == SAFETENSORS:
-                from safetensors.torch import load_file
-
-                return file, load_file(str(file))
-            return file, torch.load(file, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"eagle: {str(path)!r} holds neither {SAFETENSORS} nor {PICKLE}")
-
-
 def load_eagle(path: str | Path, target: CausalLM | PreTrainedModel | None = None) -> EagleHead:
-    """Read an EAGLE-1 checkpoint directory; with `target`, check it fits and follow its device/dtype."""
-    path = Path(path)
+    """Read an EAGLE-1 checkpoint directory (or hub id); with `target`, check it fits and follow its
+    device/dtype."""
+    from specdec.checkpoints import resolve_checkpoint
+
+    path = resolve_checkpoint(path, "EAGLE head")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"eagle: {str(path)!r} is not an EAGLE checkpoint (no config.json)")
     config = AutoConfig.from_pretrained(str(path))
     head = EagleHead(config)
-    file, weights = _read_weights(path)
+    file, weights = read_weights(path, "eagle")
     expected = head.state_dict()
     unexpected = sorted(key for key in weights if key not in expected and key != "embed_tokens.weight"
                         and not key.endswith(_IGNORED_SUFFIXES))

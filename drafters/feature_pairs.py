@@ -8,15 +8,17 @@ missing ones' features are the last rows of `ctx.hidden_states`.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from specdec.protocols import DraftContext
 
 __all__ = ["pending_pairs", "pending_rows"]
 
 
-def pending_pairs(ctx: DraftContext, cached: int, drafter: str
+def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Embeddings [P, H], features [P, H] and positions [P] of the real pairs not yet cached.
+    """Embeddings [P, H], features [P, F] and positions [P] of the real pairs not yet cached;
+    `embed` is the drafter's own embedding (default: the target's).
 
     None when every pair is cached. Raises when the loop passed fewer hidden-state rows than
     pairs are missing (a drafter without `uses_hidden_states = True`).
@@ -30,7 +32,7 @@ def pending_pairs(ctx: DraftContext, cached: int, drafter: str
         raise RuntimeError(f"{drafter}: {end - start} target hidden states needed, got {rows}; the loop "
                            "must pass uses_hidden_states rows for every processed position")
     features = states[states.shape[0] - (end - start) :]  # (P, H) f_start .. f_{end-1}
-    embeds = ctx.target.embed_tokens(ctx.tokens[start + 1 : end + 1])  # (P, H)
+    embeds = (ctx.target.embed_tokens if embed is None else embed)(ctx.tokens[start + 1 : end + 1])  # (P, H)
     return embeds, features, torch.arange(start, end, device=features.device)
 
 

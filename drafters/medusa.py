@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.medusa_choices import (DEFAULT_MAX_RANK, PRESETS, ChoiceLayout, check_medusa_choices,
                                             choice_layout, default_medusa_choices)
 from specdec.engine import Step
@@ -113,9 +114,6 @@ def _check_shapes(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[in
 
 def _read_config(directory: Path) -> dict[str, int]:
     path = directory / CONFIG
-    if not directory.is_dir():
-        raise FileNotFoundError(f"medusa: {str(directory)!r} is not a directory; pass the folder holding "
-                                f"{CONFIG} and {SAFETENSORS} or {TORCH}")
     if not path.is_file():
         raise FileNotFoundError(f"medusa: {path} not found; a Medusa checkpoint directory needs {CONFIG} "
                                 "with medusa_num_heads and medusa_num_layers")
@@ -155,7 +153,7 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def _load(path: str | Path) -> tuple[MedusaHeads, Path]:
-    directory = Path(path)
+    directory = resolve_checkpoint(path, "medusa heads")
     config = _read_config(directory)
     tensors, file = _read_weights(directory)
     heads, layers = config["medusa_num_heads"], config["medusa_num_layers"]
@@ -205,8 +203,8 @@ def _heads_forward(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
 
 
 class MedusaDrafter:
-    """Drafts min(k, K) tokens, one per head, from the Medusa checkpoint at `path`, or a
-    Medusa tree of the heads' top-k candidates.
+    """Drafts min(k, K) tokens, one per head, from the Medusa checkpoint at `path` (a
+    directory or a hub id), or a Medusa tree of the heads' top-k candidates.
 
     sample: draw from each head's processed distribution (reported as q) when the sampling
     is not greedy; by default drafts are each head's argmax (chain mode only).

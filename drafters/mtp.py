@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
+from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.feature_pairs import pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
@@ -123,8 +124,8 @@ def _layout(files: dict[str, Path], text: PretrainedConfig, where: Path) -> tupl
 
 
 def load_mtp(path: str | Path) -> MtpHead:
-    """Build the MTP head of the target checkpoint at `path` and load its weights."""
-    path = Path(path)
+    """Build the MTP head of the target checkpoint at `path` (a directory or a hub id) and load its weights."""
+    path = resolve_checkpoint(path, "mtp target checkpoint")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"mtp: {str(path)!r} is not a model checkpoint (no config.json); pass the "
                                 "target's checkpoint directory")
@@ -188,7 +189,7 @@ def mtp_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, featu
 
 
 class MtpDrafter:
-    """Drafts with the MTP module stored in the target checkpoint at `path`.
+    """Drafts with the MTP module stored in the target checkpoint at `path` (a directory or a hub id).
 
     sample=False drafts the argmax (no q); sample=True draws from the processed distribution
     `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.

@@ -1,8 +1,8 @@
 """`make demo`: every drafter of the zoo, side by side, on held-out code prompts.
 
 The first run builds the zoo (`specdec zoo build`: a tokenizer, a Qwen3-architecture target with
-an MTP module, a draft model, Medusa heads and an EAGLE head, all trained here on the standard
-library's source, with progress bars); later runs reuse it from the cache. Then each drafter
+an MTP module, a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained here on
+the standard library's source, with progress bars); later runs reuse it from the cache. Then each drafter
 decodes the same held-out prompts (a function signature and docstring, a class header, a
 half-written function) greedily with k draft tokens per step, interleaved with plain decoding
 of the same target; `eagle+tree` is the EAGLE head drafting EAGLE-2 token trees k deep instead
@@ -40,7 +40,7 @@ from specdec.types import Stats, total_stats
 
 HEADER = ("drafter", "new tokens", "target forwards", "mean acc. len", "acceptance", "tokens/s", "speedup",
           "same as plain")
-DRAFTERS = ("ngram", "draft-model", "medusa", "eagle", "mtp", "eagle+tree")  # NAME+tree: its token-tree mode
+DRAFTERS = ("ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "eagle+tree", "eagle3+tree")  # NAME+tree: its token-tree mode
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def losses(directory: Path) -> str:
     record = zoo.manifest(directory)
     pieces = record["pieces"]
     parts = [f"{name} {pieces[name]['heldout_loss']:.2f}" for name in ("target", "draft-model", "medusa", "eagle",
-                                                                        "mtp")]
+                                                                        "eagle3", "mtp")]
     return (f"{record['name']} zoo ({directory}), built in {record['build_seconds']:.0f} s; held-out loss "
             f"(nats/token): {', '.join(parts)}")
 

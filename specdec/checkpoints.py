@@ -1,4 +1,10 @@
-"""Loading local transformers checkpoints quietly: a causal LM in eval mode and its tokenizer.
+"""Finding and loading checkpoints: a local directory or a hub id resolved through the local hub
+cache, a causal LM in eval mode and its tokenizer.
+
+`resolve_checkpoint` turns what a user typed (`DIR`, `org/name`, `org/name@revision`) into a
+local directory. Hub ids go through huggingface_hub's `snapshot_download`, cache only when
+HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set; the cache directory and offline mode are read
+from the environment at each call, not when huggingface_hub was imported.
 
 Checkpoints that carry extra modules (an MTP module's `mtp.*` tensors beside the model's own)
 load fine, but transformers prints a load report for the keys it does not use and progress
@@ -9,6 +15,8 @@ is noise: these loaders raise transformers' log level to errors while they run.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +24,60 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-__all__ = ["load_causal_lm", "load_tokenizer", "quiet_transformers"]
+__all__ = ["hub_cache_dir", "hub_offline", "load_causal_lm", "load_tokenizer", "quiet_transformers",
+           "resolve_checkpoint"]
+
+# org/name, optionally @revision (a branch, tag or commit hash)
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache directory, from HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE or HF_HOME as set now."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                                              "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to a true value now."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def resolve_checkpoint(name: str | Path, what: str) -> Path:
+    """The local directory holding the checkpoint `name`: an existing directory as is, else the
+    hub cache's snapshot of the hub id `org/name[@revision]` (downloaded unless offline).
+
+    Raises FileNotFoundError saying where it looked and what to do; `what` names the checkpoint
+    in the message ("target", "medusa heads", ...).
+    """
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    text = str(name)
+    match = _HUB_ID.fullmatch(text)
+    if match is None:
+        raise FileNotFoundError(f"{what} {text!r} is not a directory (looked for {str(path.absolute())!r}; so no "
+                                "config.json) and not a hub id of the form org/name or org/name@revision; pass a "
+                                "checkpoint directory or a hub id")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    repo, revision = match["repo"], match["revision"]
+    cache, offline = hub_cache_dir(), hub_offline()
+    try:
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline))
+    except (OSError, ValueError, EntryNotFoundError) as error:
+        mode = ("on: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set" if offline
+                else f"off; the hub answered: {' '.join(str(error).split())[:300].rstrip('.')}")
+        raise FileNotFoundError(
+            f"{what} {text!r}: no local directory {str(path.absolute())!r}, and hub id {repo!r} (revision "
+            f"{revision or 'main'}) is not in the hub cache {str(cache)!r} (offline mode {mode}). Pass a local "
+            f"checkpoint directory, or fill that cache with `hf download {repo}` (on a machine with network, "
+            "then copy the cache)" + (", or unset HF_HUB_OFFLINE to download it now" if offline else "")
+        ) from error
 
 
 @contextlib.contextmanager
@@ -37,14 +98,14 @@ def quiet_transformers() -> Iterator[None]:
 
 
 def _checked(path: str | Path, what: str) -> Path:
-    directory = Path(path)
+    directory = resolve_checkpoint(path, what)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a {what} checkpoint directory (no config.json)")
     return directory
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """The causal LM saved at `path`, in eval mode, from local files only."""
+    """The causal LM at `path` (a directory or a hub id: `resolve_checkpoint`), in eval mode."""
     directory = _checked(path, "model")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
@@ -54,6 +115,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None) -> PreTra
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved at `path` (AutoTokenizer), from local files only."""
+    """The tokenizer (AutoTokenizer) at `path`, a directory or a hub id (`resolve_checkpoint`)."""
+    directory = resolve_checkpoint(path, "tokenizer")
     with quiet_transformers():
-        return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)

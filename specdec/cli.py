@@ -1,7 +1,7 @@
-"""The `specdec` command line: list the registered drafters, generate from a local checkpoint.
+"""The `specdec` command line: list the registered drafters, generate from a checkpoint.
 
     specdec drafters
-    specdec generate --target DIR [--drafter NAME[:key=value,...]] [--k 4] "prompt"
+    specdec generate --target DIR|ORG/NAME [--drafter NAME[:key=value,...]] [--k 4] [--chat] "prompt"
     specdec zoo {build,info,path}            (specdec.cli_zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
@@ -17,13 +17,13 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 
 from specdec import plugins
 from specdec.cli_bench import add_bench_command
-from specdec.cli_common import CLIError, add_model_options, load_target, model_device, one_line
+from specdec.cli_common import CLIError, add_model_options, load_target, model_device, one_line, resolve_target
+from specdec.cli_export import add_export_command
 from specdec.cli_trace import add_trace_command
 from specdec.cli_train import add_train_command
 from specdec.cli_verify import add_verify_command
@@ -134,6 +134,22 @@ def stats_line(stats: Stats) -> str:
             f"verify_seconds={stats.verify_seconds:.3f}")
 
 
+def _prompt_ids(tokenizer: Any, text: str, chat: bool, target: str) -> list[int]:
+    """The prompt's ids: raw text, or with --chat one user message through the chat template."""
+    from specdec.chat import chat_ids, has_chat_template
+
+    if not chat:
+        return list(tokenizer.encode(text))
+    if not has_chat_template(tokenizer):
+        raise CLIError(f"--chat: the tokenizer of --target {target!r} has no chat template (tokenizer.chat_template "
+                       "is None); drop --chat to use the prompt as raw text, or use a checkpoint whose "
+                       "tokenizer_config.json or chat_template.jinja holds one")
+    try:
+        return chat_ids(tokenizer, [{"role": "user", "content": text}])
+    except ValueError as error:
+        raise CLIError(f"--chat: {one_line(error)}") from None
+
+
 def _generate_command(args: argparse.Namespace) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -143,11 +159,10 @@ def _generate_command(args: argparse.Namespace) -> int:
         if value < 0:
             raise CLIError(f"{flag} must be >= 0, got {value}")
     model_device(args.device)  # fail before any loading
-    if not (Path(args.target) / "config.json").is_file():
-        raise CLIError(f"--target {args.target!r} is not a model directory (no config.json in it)")
+    target = resolve_target(args.target)
     drafter = _make_drafter(args.drafter)
-    tokenizer, model = load_target(Path(args.target), args)
-    prompt = tokenizer.encode(args.prompt)
+    tokenizer, model = load_target(target, args)
+    prompt = _prompt_ids(tokenizer, args.prompt, args.chat, args.target)
     if not prompt:
         raise CLIError(f"the prompt {args.prompt!r} tokenises to no tokens; give a non-empty prompt")
     try:
@@ -173,9 +188,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
     drafters = commands.add_parser("drafters", help="list the registered drafters and their plugins")
     drafters.set_defaults(run=_drafters_command)
-    gen = commands.add_parser("generate", help="generate from a local checkpoint, speculatively")
+    gen = commands.add_parser("generate", help="generate from a checkpoint, speculatively")
     gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument("--target", required=True, metavar="DIR", help="local model directory (model and tokenizer)")
+    gen.add_argument("--target", required=True, metavar="DIR|ORG/NAME",
+                     help="model and tokenizer: a local directory or a hub id (org/name[@revision], from the "
+                          "hub cache when HF_HUB_OFFLINE=1)")
+    gen.add_argument("--chat", action="store_true",
+                     help="send the prompt as one user message through the tokenizer's chat template")
     gen.add_argument("--drafter", metavar="NAME[:key=value,...]",
                      help="e.g. ngram:max_ngram=3 or draft-model:model=DIR (default: plain decoding)")
     gen.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
@@ -193,6 +212,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bench_command(commands)
     add_verify_command(commands)
     add_trace_command(commands)
+    add_export_command(commands)
     return parser
 
 

@@ -3,6 +3,7 @@
     specdec bench                                   # the zoo, every drafter, held-out code prompts
     specdec bench --target DIR --drafter ngram --drafter draft-model:model=SMALL --k 2 4 8
     specdec bench --prompts question.jsonl --k auto --temperature 0.7 --out results/
+    specdec bench --target org/name --prompts question.jsonl --prompt-format raw   # no chat template
     specdec bench --engine both                     # every specdec row eager and compiled (default: compiled)
 """
 
@@ -91,7 +92,7 @@ def _bench(args: argparse.Namespace) -> int:
                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
                              seed=args.seed, peers=not args.no_peers,
                              prompts=Path(args.prompts) if args.prompts else None,
-                             engines=ENGINES if engine == "both" else (engine,))
+                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format)
         tokenizer, model = load_target(target, args)
         bars: list[Any] = []
 
@@ -113,7 +114,8 @@ def _bench(args: argparse.Namespace) -> int:
         plots = []
         print("specdec: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
     settings = document["settings"]
-    print(f"{settings['questions']} questions ({settings['turns']} turns), {config.max_new_tokens} new tokens, "
+    print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
+          f"{config.max_new_tokens} new tokens, "
           f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, mean±std over "
           f"{config.repeats} repeats, target {target}")
     categories = sorted({r["category"] for r in records} - {"all"})
@@ -133,14 +135,21 @@ def _bench(args: argparse.Namespace) -> int:
 
 def add_bench_command(commands: Any) -> None:
     """Register `bench` under the top-level subparsers."""
+    from specdec.chat import PROMPT_FORMATS
+
     bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
-    bench.add_argument("--target", metavar="DIR", default=None, help="model + tokenizer directory (default: the zoo)")
+    bench.add_argument("--target", metavar="DIR|ORG/NAME", default=None,
+                       help="model + tokenizer: a directory or a hub id (default: the zoo)")
     bench.add_argument("--quick", action="store_true", help="without --target: the quick zoo")
     bench.add_argument("--cache-dir", metavar="DIR", default=None, help="zoo cache directory")
     bench.add_argument("--drafter", action="append", metavar="NAME[:key=value,...]",
                        help="repeatable; k=N or k=auto sets that drafter's draft length (default: every drafter "
                             "that serves the target)")
     bench.add_argument("--prompts", metavar="FILE", help="Spec-Bench question.jsonl (default: held-out code prompts)")
+    bench.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
+                       help="chat-template: turns as user messages, earlier answers as assistant messages, through "
+                            "the tokenizer's chat template; raw: plain text; auto (default): the template for "
+                            "--prompts when the tokenizer has one, else raw")
     bench.add_argument("--k", type=parse_k, nargs="+", default=[4], metavar="K", help="draft lengths or auto "
                        "(default 4)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DTYPES", "CLIError", "add_model_options", "load_target", "model_device", "one_line"]
+__all__ = ["DTYPES", "CLIError", "add_model_options", "load_target", "model_device", "one_line", "resolve_target"]
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -45,18 +45,32 @@ def model_device(text: str) -> Any:
     return device
 
 
-def load_target(path: Path, args: argparse.Namespace) -> tuple[Any, Any]:
-    """(tokenizer, model in eval mode on args.device in args.dtype) from a local checkpoint directory."""
+def resolve_target(name: str | Path) -> Path:
+    """The local directory of `--target name` (a directory or a hub id); a CLIError when there is
+    none or it has no config.json."""
+    from specdec.checkpoints import resolve_checkpoint
+
+    try:
+        path = resolve_checkpoint(name, "--target")
+    except FileNotFoundError as error:
+        raise CLIError(one_line(error)) from None
+    if not (path / "config.json").is_file():
+        raise CLIError(f"--target {str(name)!r} is not a model directory (no config.json in {str(path)!r})")
+    return path
+
+
+def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode on args.device in args.dtype) from `--target name`, a
+    checkpoint directory or a hub id."""
     import torch
 
     from specdec.checkpoints import load_causal_lm, load_tokenizer
 
     device = model_device(args.device)
-    if not (path / "config.json").is_file():
-        raise CLIError(f"--target {str(path)!r} is not a model directory (no config.json in it)")
+    path = resolve_target(name)
     try:
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype=getattr(torch, args.dtype))
     except (OSError, ValueError, KeyError) as error:
-        raise CLIError(f"cannot load --target {str(path)!r}: {one_line(error)}") from None
+        raise CLIError(f"cannot load --target {str(name)!r}: {one_line(error)}") from None
     return tokenizer, model.to(device).eval()

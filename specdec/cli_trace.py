@@ -80,7 +80,7 @@ def add_trace_command(commands: Any) -> None:
     """Register `trace` under the top-level subparsers."""
     trace = commands.add_parser("trace", help="watch speculative decoding step by step (an HTML page)")
     trace.add_argument("prompt", nargs="?", default=None, help="default: a held-out function signature")
-    trace.add_argument("--target", metavar="DIR", default=None, help="default: the zoo's target")
+    trace.add_argument("--target", metavar="DIR|ORG/NAME", default=None, help="default: the zoo's target")
     trace.add_argument("--drafter", default="eagle", metavar="NAME[:key=value,...]",
                        help="default eagle (with the zoo, its checkpoint is found)")
     trace.add_argument("--quick", action="store_true", help="without --target: the quick zoo")

@@ -1,12 +1,12 @@
 """`specdec train KIND --target DIR --data PATH... --out DIR`: train a draft model, Medusa heads,
-an EAGLE head or an MTP module for a local transformers causal LM (`specdec.training.run`)."""
+an EAGLE-1 or EAGLE-3 head or an MTP module for a local transformers causal LM (`specdec.training.run`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from specdec.cli_common import CLIError, one_line
+from specdec.cli_common import CLIError, one_line, resolve_target
 
 __all__ = ["add_train_command"]
 
@@ -22,10 +22,11 @@ def _train(args: argparse.Namespace) -> int:
         settings = TrainSettings(
             steps=steps, draft=DraftSize(hidden=args.hidden, layers=args.layers, heads=args.attention_heads,
                                          kv_heads=args.kv_heads),
-            medusa_heads=args.medusa_heads, medusa_layers=args.medusa_layers, k=args.k)
+            medusa_heads=args.medusa_heads, medusa_layers=args.medusa_layers, k=args.k,
+            draft_vocab=args.draft_vocab, eagle3_layers=_layers(args.eagle3_layers))
         if args.k < 1:
             raise ValueError(f"--k must be >= 1, got {args.k}")
-        report = train_drafter(args.kind, args.target, args.data, args.out, settings,
+        report = train_drafter(args.kind, resolve_target(args.target), args.data, args.out, settings,
                                show_progress=not args.no_progress)
     except (ValueError, KeyError, OSError, ArithmeticError) as error:
         raise CLIError(one_line(error)) from None
@@ -37,13 +38,23 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--eagle3-layers must be comma-separated layer indices such as 2,16,29, got {text!r}") from None
+
+
 def add_train_command(commands: Any) -> None:
     """Register `train` under the top-level subparsers."""
     from specdec.training.run import KINDS
 
     train = commands.add_parser("train", help="train a drafter for a local causal LM on text files")
     train.add_argument("kind", choices=KINDS, metavar="KIND", help=", ".join(KINDS))
-    train.add_argument("--target", required=True, metavar="DIR", help="the target's checkpoint (model + tokenizer)")
+    train.add_argument("--target", required=True, metavar="DIR|ORG/NAME",
+                       help="the target's checkpoint (model + tokenizer): a directory or a hub id")
     train.add_argument("--data", required=True, nargs="+", metavar="PATH",
                        help="text files or directories (.py .txt .md .rst .json); 1/16 of the files held out")
     train.add_argument("--out", required=True, metavar="DIR", help="new directory for the checkpoint")
@@ -59,5 +70,9 @@ def add_train_command(commands: Any) -> None:
     train.add_argument("--kv-heads", type=int, default=2, help="draft-model: key/value heads (default 2)")
     train.add_argument("--medusa-heads", type=int, default=4, help="medusa: heads (default 4)")
     train.add_argument("--medusa-layers", type=int, default=1, help="medusa: residual blocks per head (default 1)")
+    train.add_argument("--draft-vocab", type=int, default=None,
+                       help="eagle3: the draft vocabulary's size, its most frequent training tokens (default min(V, 32000))")
+    train.add_argument("--eagle3-layers", default=None, metavar="I,J,K",
+                       help="eagle3: target hidden_states indices to fuse (0 = embeddings; default 2,L//2,L-3)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(run=_train)

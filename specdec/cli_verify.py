@@ -84,7 +84,7 @@ def add_verify_command(commands: Any) -> None:
     verify = commands.add_parser("verify", help="one target forward: would the greedy verifier accept this text?")
     verify.add_argument("prefix", help="the text so far")
     verify.add_argument("continuation", help="the text to check, as if a drafter proposed it")
-    verify.add_argument("--target", metavar="DIR", default=None, help="model + tokenizer (default: the zoo)")
+    verify.add_argument("--target", metavar="DIR|ORG/NAME", default=None, help="model + tokenizer (default: the zoo)")
     verify.add_argument("--quick", action="store_true", help="without --target: the quick zoo")
     verify.add_argument("--cache-dir", metavar="DIR", default=None)
     verify.add_argument("--top", type=int, default=5, help="target top tokens to show (default 5)")

@@ -33,7 +33,7 @@ from specdec.types import Draft, Generation, Sampling, Verdict
 from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdict, validate_draft, verify_tree,
                               verify_tree_greedy)
 
-__all__ = ["Run", "decode", "first_stop"]
+__all__ = ["Run", "decode", "first_stop", "hidden_layers"]
 
 
 @dataclass
@@ -58,10 +58,7 @@ class Run:
     ctx: DraftContext | None = None
     counters: Counters = field(default_factory=lambda: Counters(0))
     warned: bool = False  # the tree fallback's warning, once per run
-
-    @property
-    def wants_hidden(self) -> bool:
-        return bool(getattr(self.drafter, "uses_hidden_states", False))
+    layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
 
 
 @dataclass(frozen=True)
@@ -114,10 +111,12 @@ def prefill(run: Run) -> None:
     """Size and fill the target's cache with the prompt but its last id; then the drafter's prefill."""
     lm = run.lm
     lm.reset(run.engine.capacity(), compile=run.engine.compile)
-    hidden = torch.empty(0, lm.hidden_size, dtype=lm.dtype, device=lm.device) if run.wants_hidden else None
+    run.layers = hidden_layers(run.drafter, run.name, lm)
+    width = len(run.layers) * lm.hidden_size
+    hidden = torch.empty(0, width, dtype=lm.dtype, device=lm.device) if run.layers else None
     run.length = run.prompt_length
     if run.length > 1:  # eager: the prompt's length varies from call to call
-        _, hidden = lm.forward(run.tokens[: run.length - 1], keep=1, hidden=run.wants_hidden)
+        _, hidden = lm.forward(run.tokens[: run.length - 1], keep=1, hidden=run.layers)
     run.counters = Counters(run.k)
     run.ctx = _context(run, hidden, ())
     if run.drafter is not None and hasattr(run.drafter, "prefill"):
@@ -160,10 +159,10 @@ def verify(run: Run, proposal: Proposal) -> Block:
         verdict, stop_at, hidden, shown = _verify_chain(run, proposal, drafted)  # shown: logits [n + 1, V]
     else:
         tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
-                                   rows=run.engine.tree_rows(n))
+                                   rows=run.engine.tree_rows(n), hidden=run.layers)
         verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator)
         stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop))
-        hidden, shown = tree.hidden if run.wants_hidden else None, tree
+        hidden, shown = tree.states, tree
     emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
     return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick)
 
@@ -175,7 +174,7 @@ def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
     lm, n = run.lm, drafted.shape[0]
     rows = run.engine.max_draft + 1 if n and lm.static else n + 1  # one shape for every draft, one for none
     ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
-    logits, hidden = lm.forward(ids, keep=rows, hidden=run.wants_hidden, rows=rows)
+    logits, hidden = lm.forward(ids, keep=rows, hidden=run.layers, rows=rows)
     logits = logits[: n + 1]  # (n + 1, V)
     uniforms = None
     if run.sampling.greedy:
@@ -229,6 +228,22 @@ def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) ->
                          block.seconds, proposal.parents)
 
 
+def hidden_layers(drafter: Drafter | None, name: str, lm: CausalLM) -> tuple[int, ...]:
+    """The target layers whose hidden states `drafter` reads: none, the post-norm last layer for
+    `uses_hidden_states`, or those its `hidden_layers(target)` names (indices 0..num_layers)."""
+    if not getattr(drafter, "uses_hidden_states", False):
+        return ()
+    if not hasattr(drafter, "hidden_layers"):
+        return (lm.num_layers,)
+    layers = tuple(_call_drafter(drafter, name, "hidden_layers", lm))
+    if not layers or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= lm.num_layers
+                         for i in layers):
+        raise DraftError(f"drafter {name!r} asked for hidden states of layers {layers}, but the target has "
+                         f"{lm.num_layers} layers: name indices 0..{lm.num_layers} (0 = the embeddings, "
+                         f"{lm.num_layers} = the post-norm last layer)")
+    return layers
+
+
 def first_stop(out: torch.Tensor, num_accepted: torch.Tensor, stop: torch.Tensor | None) -> torch.Tensor:
     """The index of the first stop id in out[: num_accepted + 1], or len(out) when there is none (0-d, on
     the device: the loop reads it back with the number accepted)."""
@@ -277,12 +292,16 @@ def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...]) -
 
 def _call(run: Run, method: str, *args: Any) -> Any:
     """The drafter's `method`; whatever it raises comes back as a DraftError naming it and the method."""
+    return _call_drafter(run.drafter, run.name, method, *args)
+
+
+def _call_drafter(drafter: Any, name: str, method: str, *args: Any) -> Any:
     try:
-        return getattr(run.drafter, method)(*args)
+        return getattr(drafter, method)(*args)
     except (DraftError, MemoryError, torch.OutOfMemoryError):  # out of memory is no drafter's fault
         raise
     except Exception as error:
-        raise DraftError(f"drafter {run.name!r} raised in {method}: {type(error).__name__}: {error}") from error
+        raise DraftError(f"drafter {name!r} raised in {method}: {type(error).__name__}: {error}") from error
 
 
 def _synchronize(device: torch.device) -> None:

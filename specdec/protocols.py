@@ -28,8 +28,9 @@ class DraftContext:
     vocab_size: V, the width of p and of any q.
     hidden_states: FloatTensor [n, H], the target's last-layer (post-final-norm) hidden states
         of the n positions it processed since the previous step, i.e. tokens[-n-1:-1]; None
-        unless the drafter sets `uses_hidden_states = True`. The same value is passed to
-        `commit` and to the next `propose`.
+        unless the drafter sets `uses_hidden_states = True`. A drafter with a
+        `hidden_layers(target)` method gets the layers it names instead, concatenated:
+        [n, m * H]. The same value is passed to `commit` and to the next `propose`.
     accepted: the indices, in the previous draft, of its nodes that were just committed, root
         side first (for a chain 0..num_accepted-1); a tree drafter reads its path here.
     engine: how this generation runs its models: whether fixed-shape steps are compiled, the
@@ -61,6 +62,11 @@ class Drafter(Protocol):
           declares it so the verify forward keeps one shape: the target's cache is sized for it
           and every tree is padded to it. Without it trees hold at most
           `specdec.engine.UNDECLARED_NODES` nodes, padded to the next power of two.
+      hidden_layers(target) -> tuple[int, ...]: with uses_hidden_states, the target layers whose
+          hidden states the drafter reads, called once per generation before the target's
+          prefill. Indices are those of transformers' `hidden_states`: 0 is the embeddings, i
+          the residual stream entering layer i, target.num_layers the post-norm last layer (the
+          default). EAGLE-3 reads three.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
 
     A draft with `parents` is a tree whose depth is at most k and whose size is at most

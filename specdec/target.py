@@ -79,6 +79,7 @@ class CausalLM:
             getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
         )
         self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
+        self.num_layers: int = int(self.config.num_hidden_layers)  # hidden-state indices run 0..num_layers
         self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
         self.kv: KV | None = None
         self._share = share_cache
@@ -169,13 +170,14 @@ class CausalLM:
         self._snapshots = []
 
     def forward(
-        self, input_ids: torch.Tensor, keep: int, hidden: bool = False, rows: int | None = None
+        self, input_ids: torch.Tensor, keep: int, hidden: tuple[int, ...] = (), rows: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [n] after the cached prefix and append them to the cache.
 
-        Returns logits [keep, V] of the last `keep` positions and, if `hidden`, the last-layer
-        post-norm hidden states [n, H]. `rows` (>= n) makes it a fixed-shape step of `rows`
-        positions (see the class docstring).
+        Returns logits [keep, V] of the last `keep` positions and, if `hidden` names layers, their
+        hidden states concatenated, [n, len(hidden) * H] (`hidden_states`: index 0 is the
+        embeddings, i the residual stream entering layer i, num_layers the post-norm last layer).
+        `rows` (>= n) makes it a fixed-shape step of `rows` positions (see the class docstring).
         """
         n = input_ids.shape[0]
         if not 1 <= keep <= n:
@@ -204,14 +206,16 @@ class CausalLM:
         """Columns of a `forward_masked` mask for `rows` rows: the static capacity, or cached + rows."""
         return self._kv.mask_width(rows)
 
-    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], rows: int | None = None) -> TreeLogits:
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], rows: int | None = None,
+                     hidden: tuple[int, ...] = ()) -> TreeLogits:
         """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
         committed token) then the n nodes, `parents` their parent indices (-1 = the root).
 
         Each row sees the prefix, its ancestors and itself, at position cached + depth. `rows`
         pads the forward to a fixed node budget (pad nodes hang off the root, unseen by the
         others). All rows are appended to the cache; `keep_path` then keeps the accepted ones.
-        The result gives each row's logits on demand and the hidden states [n + 1, H].
+        The result gives each row's logits on demand, the last layer's hidden states [n + 1, H]
+        and those of the layers `hidden` names (`TreeLogits.states`, as `forward` returns them).
         """
         n = len(parents)
         width = max(rows or 0, n + 1)
@@ -228,20 +232,22 @@ class CausalLM:
         known = self._lazy_head is not None
         keep: int | torch.Tensor = torch.zeros(1, dtype=torch.long, device=self.device) if self._lazy_head \
             else width
-        logits, states = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=True, step=known)
-        assert states is not None
-        states = states[: n + 1]
+        layers = (self.num_layers, *hidden)
+        logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=layers, step=known)
+        assert out is not None
+        states, extra = out[: n + 1, : self.hidden_size], out[: n + 1, self.hidden_size :] if hidden else None
         if self._lazy_head is None:
             self._lazy_head = head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
-            return TreeLogits(states, self.lm_head, logits[: n + 1])
-        return TreeLogits(states, self.lm_head, None, logits[0]) if self._lazy_head else \
-            TreeLogits(states, self.lm_head, logits[: n + 1])
+            return TreeLogits(states, self.lm_head, logits[: n + 1], states=extra)
+        return TreeLogits(states, self.lm_head, None, logits[0], extra) if self._lazy_head else \
+            TreeLogits(states, self.lm_head, logits[: n + 1], states=extra)
 
     def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       keep: int | torch.Tensor, hidden: bool = False, step: bool = True
+                       keep: int | torch.Tensor, hidden: tuple[int, ...] = (), step: bool = True
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
-        where visible[r] [mask_width(m)] is True; the m rows are appended to the cache.
+        where visible[r] [mask_width(m)] is True; the m rows are appended to the cache. `hidden`
+        as in `forward`.
 
         The general form of a tree forward, for drafters that grow a tree level by level in
         their own cache. A fixed-shape step unless `step` is false. Needs `tree_obstacle` None.
@@ -279,8 +285,9 @@ class CausalLM:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
         self._kv.gather(base, rows)
 
-    def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: bool, mask: torch.Tensor | None = None,
-             positions: torch.Tensor | None = None, step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
+             mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+             step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         kv = self._kv
         kv.reserve(input_ids.shape[0])
         if positions is None and step and kv.static and self.learned_positions and self.max_positions:
@@ -319,27 +326,28 @@ class CausalLM:
         kv.length = saved.length
         if length > saved.length:
             fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
-            self._run(fed[: length - saved.length], keep=1, hidden=False)  # under the caller's grad mode
+            self._run(fed[: length - saved.length], keep=1, hidden=())  # under the caller's grad mode
 
 
 _SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
 
 
 def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor, keep: int | torch.Tensor,
-                  hidden: bool, mask: torch.Tensor | None, positions: torch.Tensor | None
+                  hidden: tuple[int, ...], mask: torch.Tensor | None, positions: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward of `model` on `cache`: (logits [keep, V], last hidden states [n, H] or None)."""
+    """One forward of `model` on `cache`: (logits [keep, V], the hidden states of the layers
+    `hidden` names, concatenated [n, len(hidden) * H], or None when it names none)."""
     out = model(
         input_ids=input_ids.unsqueeze(0),  # (1, n)
         cache=cache,
         use_cache=True,
         logits_to_keep=keep,
-        output_hidden_states=hidden,
+        output_hidden_states=bool(hidden),
         attention_mask=mask,  # (1, 1, n, width) additive, or None for causal
         position_ids=positions,  # (1, n) or None for C, C + 1, ...
     )
     logits = out.logits[0]  # (keep, V)
-    states = out.hidden_states[-1][0] if hidden else None  # (n, H)
+    states = torch.cat([out.hidden_states[i][0] for i in hidden], dim=-1) if hidden else None  # (n, len * H)
     return logits, states
 
 

@@ -15,8 +15,9 @@ class TreeLogits:
     comes with the forward, and `full` holds every row when the model computed them all."""
 
     def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None,
-                 root: torch.Tensor | None = None) -> None:
+                 root: torch.Tensor | None = None, states: torch.Tensor | None = None) -> None:
         self.hidden = hidden  # (n+1, H) last-layer, post-final-norm
+        self.states = states  # (n+1, m * H): the hidden states of the layers a drafter asked for
         self._head = head
         self._full = full  # (n+1, V) when every row was computed by the model
         self._rows: dict[int, torch.Tensor] = {} if root is None else {0: root}

@@ -76,7 +76,7 @@ def test_bad_value_temperatures_are_refused_naming_the_drafter(quick_zoo: Path, 
 
 def test_the_zoo_fits_a_value_temperature_per_learned_drafter_and_passes_it_on(quick_zoo: Path):
     fitted = json.loads((quick_zoo / "value_temperatures.json").read_text())
-    assert set(fitted) == {"draft-model", "eagle", "mtp"}
+    assert set(fitted) == {"draft-model", "eagle", "eagle3", "mtp"}
     assert all(GRID[0] <= tau <= GRID[-1] for tau in fitted.values())
     manifest = zoo.manifest(quick_zoo)
     options = zoo.drafter_options(quick_zoo)

@@ -56,7 +56,8 @@ def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
 def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
     code, rows, output = quick_run
     assert code == 0, output
-    assert [r["drafter"] for r in rows] == ["plain", "ngram", "draft-model", "medusa", "eagle", "mtp", "eagle+tree"]
+    assert [r["drafter"] for r in rows] == ["plain", "ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp",
+                                               "eagle+tree", "eagle3+tree"]
     assert all(int(r["new tokens"]) == 3 * NEW_TOKENS for r in rows)  # three prompts, one per category
 
 

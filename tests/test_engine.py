@@ -95,7 +95,7 @@ def test_padded_steps_leave_exactly_the_real_ids_in_the_cache() -> None:
     lm.reset(256)
     with torch.inference_mode():
         lm.forward(ids[:5], keep=1)
-        logits, hidden = lm.forward(ids[5:7], keep=1, hidden=True, rows=5)  # 2 ids padded to 5 rows
+        logits, hidden = lm.forward(ids[5:7], keep=1, hidden=(lm.num_layers,), rows=5)  # 2 ids padded to 5 rows
         assert lm.cache_length == 7 and hidden is not None and hidden.shape[0] == 2
         torch.testing.assert_close(logits[0], fresh[6], rtol=0, atol=1e-10)
         rest, _ = lm.forward(ids[7:], keep=len(PROMPT) - 7)

@@ -127,7 +127,7 @@ def test_rollback_then_forward_equals_a_fresh_forward(hybrid, chunks, length):
             start += size
         lm.rollback(length)
         assert lm.cache_length == length
-        logits, hidden = lm.forward(IDS[length : length + 4], keep=4, hidden=True)
+        logits, hidden = lm.forward(IDS[length : length + 4], keep=4, hidden=(lm.num_layers,))
         fresh = hybrid(input_ids=IDS[None, : length + 4], output_hidden_states=True)
     torch.testing.assert_close(logits, fresh.logits[0, length:], rtol=0, atol=1e-10)
     torch.testing.assert_close(hidden, fresh.hidden_states[-1][0, length:], rtol=0, atol=1e-10)

@@ -118,7 +118,7 @@ def fitted_heads(target: PreTrainedModel, prompt: list[int], num_heads: int) -> 
     lm = CausalLM(target)
     lm.reset()
     with torch.inference_mode():
-        _, hidden = lm.forward(torch.tensor(sequence[:-1]), keep=1, hidden=True)  # (T-1, H)
+        _, hidden = lm.forward(torch.tensor(sequence[:-1]), keep=1, hidden=(lm.num_layers,))  # (T-1, H)
     heads = MedusaHeads(num_heads, 1, HIDDEN, VOCAB).to(torch.float64)
     with torch.no_grad():
         for h in range(num_heads):

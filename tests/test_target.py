@@ -73,8 +73,8 @@ def test_hidden_states_are_the_post_norm_last_layer(arch: str) -> None:
     assert lm.final_norm is not None, f"{arch}: the adapter found no final norm"
     lm.reset()
     with torch.inference_mode():
-        prefix_logits, prefix_hidden = lm.forward(IDS[:7], keep=7, hidden=True)
-        logits, hidden = lm.forward(IDS[7:12], keep=5, hidden=True)
+        prefix_logits, prefix_hidden = lm.forward(IDS[:7], keep=7, hidden=(lm.num_layers,))
+        logits, hidden = lm.forward(IDS[7:12], keep=5, hidden=(lm.num_layers,))
         no_hidden = lm.forward(IDS[12:14], keep=1)[1]
         hidden_size = lm.lm_head.weight.shape[1]
         assert prefix_hidden.shape == (7, hidden_size)
@@ -82,6 +82,22 @@ def test_hidden_states_are_the_post_norm_last_layer(arch: str) -> None:
         _assert_close(lm.lm_head(prefix_hidden), prefix_logits, f"{arch} lm_head(hidden) of the prefix")
         _assert_close(lm.lm_head(hidden), logits, f"{arch} lm_head(hidden) after a cached prefix")
     assert no_hidden is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("static", [False, True])
+def test_hidden_states_of_any_layers_come_from_the_same_forward(arch: str, static: bool) -> None:
+    model = _model(arch)
+    lm = CausalLM(model)
+    layers = (lm.num_layers, 0, 1, 1)  # any order, repeats allowed
+    with torch.inference_mode():
+        full = model(input_ids=IDS[None, :12], output_hidden_states=True).hidden_states
+        lm.reset(256 if static else None)
+        lm.forward(IDS[:7], keep=1)
+        _, states = lm.forward(IDS[7:12], keep=5, hidden=layers, rows=8 if static else None)
+    assert lm.static is static and states.shape == (5, len(layers) * lm.hidden_size)
+    expected = torch.cat([full[i][0, 7:12] for i in layers], dim=-1)
+    _assert_close(states, expected, f"{arch} layers {layers}")
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

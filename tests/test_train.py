@@ -16,7 +16,8 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.corpus import stdlib_corpus
 
 QUICK_ARGS = ["--steps", "3", "--batch-size", "2", "--seq-len", "32", "--no-progress", "--hidden", "16",
-              "--layers", "1", "--attention-heads", "2", "--kv-heads", "1", "--medusa-heads", "2"]
+              "--layers", "1", "--attention-heads", "2", "--kv-heads", "1", "--medusa-heads", "2",
+              "--draft-vocab", "400"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("kind, option", [("draft-model", "model"), ("medusa", "path"), ("eagle", "path"),
-                                          ("mtp", "path")])
+                                          ("eagle3", "path"), ("mtp", "path")])
 def test_each_kind_trains_saves_and_decodes_losslessly(kind: str, option: str, quick_zoo: Path, data_dir: Path,
                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / kind
@@ -99,7 +100,7 @@ def llama_target(quick_zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.mark.parametrize("kind, option", [("draft-model", "model"), ("medusa", "path"), ("eagle", "path"),
-                                          ("mtp", "path")])
+                                          ("eagle3", "path"), ("mtp", "path")])
 def test_any_causal_lm_can_be_the_target(kind: str, option: str, llama_target: Path, data_dir: Path, tmp_path: Path):
     out = tmp_path / kind
     assert cli.main(["train", kind, "--target", str(llama_target), "--data", str(data_dir), "--out", str(out),

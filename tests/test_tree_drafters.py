@@ -296,7 +296,7 @@ def test_medusa_tree_is_the_heads_top_k_breadth_first_and_cut_at_depth_k(tmp_pat
     lm = CausalLM(_target("llama"))
     lm.reset()
     with torch.inference_mode():
-        _, hidden = lm.forward(torch.tensor(PROMPT[:-1]), keep=1, hidden=True)
+        _, hidden = lm.forward(torch.tensor(PROMPT[:-1]), keep=1, hidden=(lm.num_layers,))
         ctx = DraftContext(torch.tensor(PROMPT), Sampling(), torch.Generator(), lm, VOCAB, hidden)
         drafter.prefill(ctx)
         top = heads(hidden[-1]).topk(2, dim=-1).indices.tolist()  # (3, 2)
@@ -345,7 +345,7 @@ class HiddenChecker(Recorder):
         if ctx.tokens.shape[0] >= 2:
             fresh = CausalLM(ctx.target.model)
             fresh.reset()
-            _, hidden = fresh.forward(ctx.tokens[:-1], keep=1, hidden=True)
+            _, hidden = fresh.forward(ctx.tokens[:-1], keep=1, hidden=(fresh.num_layers,))
             torch.testing.assert_close(self.inner._last, hidden[-1:], rtol=0, atol=1e-9)
         return draft
 

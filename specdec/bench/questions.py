@@ -3,7 +3,8 @@
 Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Inference: A
 Comprehensive Survey of Speculative Decoding") stores one JSON object per line with
 `question_id`, `category` and `turns` (a list of user turns). A multi-turn question is answered
-turn after turn, each turn's prompt holding the previous turns and answers.
+turn after turn, each turn's prompt holding the previous turns and answers: as raw text here
+(`turn_prompt`), or as user and assistant messages through a chat template (`specdec.chat`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def turn_prompt(turns: tuple[str, ...], answers: list[str], index: int, separato
     """The text given to the model for turn `index`: each earlier turn followed by its answer, then
     this turn, joined by `separator`.
 
-    Raw text (no chat template): the zoo's models are plain language models. A continuation
-    prompt ends where the answer starts.
+    Raw text, for tokenizers without a chat template (the zoo's models are plain language
+    models): a continuation prompt ends where the answer starts.
     """
     return separator.join([turns[i] + answers[i] for i in range(index)] + [turns[index]])

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from specdec.adaptive import AdaptiveDraftLength
 from specdec.bench.peers import hf_generate
-from specdec.bench.questions import Question, turn_prompt
+from specdec.bench.questions import Question
 from specdec.engine import compile_seconds
 from specdec.generate import generate
 from specdec.plugins import make_drafter
@@ -82,13 +82,17 @@ def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, draft
     return result.tokens, result.stats, tuple(getattr(drafter, "history", ()))
 
 
-def run_bench(model: PreTrainedModel, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], list[str], int], list[int]],
+              decode: Callable[[list[int]], str],
               questions: Sequence[Question], contenders: Sequence[Contender], sampling: Sampling,
               max_new_tokens: int, repeats: int, warmup: int, seed: int = 0,
               assistant: PreTrainedModel | None = None, advance: Callable[[], None] = lambda: None
               ) -> tuple[list[Run], dict[str, float]]:
     """All recorded runs, and the seconds each contender spent compiling over all rounds (warm-up
-    included); `advance` is called after each run (for a progress bar)."""
+    included); `advance` is called after each run (for a progress bar).
+
+    `prompt_ids(turns, answers, index)` gives the ids of turn `index` after the earlier answers.
+    """
     if not contenders or contenders[0].label != "plain":
         raise ValueError("the first contender must be plain decoding (the baseline)")
     target = CausalLM(model)
@@ -99,7 +103,7 @@ def run_bench(model: PreTrainedModel, encode: Callable[[str], list[int]], decode
         for question in questions:
             answers: list[str] = []
             for turn in range(len(question.turns)):
-                prompt = torch.tensor(encode(turn_prompt(question.turns, answers, turn)), dtype=torch.long)
+                prompt = torch.tensor(prompt_ids(question.turns, answers, turn), dtype=torch.long)
                 plain_tokens: list[int] = []
                 for contender in contenders:
                     run_seed = seed + 1000 * max(round_index, 0) + turn

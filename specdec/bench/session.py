@@ -13,13 +13,15 @@ from typing import Any
 import torch
 
 from specdec.bench.costs import forward_costs, tree_forward_costs
-from specdec.bench.questions import Question, from_prompts, load_questions
+from specdec.bench.questions import Question, from_prompts, load_questions, turn_prompt
 from specdec.bench.report import SCHEMA, csv_text, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
+from specdec.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prompt_format
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
-__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "run_session"]
+__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "run_session", "turn_encoder",
+           "used_prompt_format"]
 
 _PATH_OPTIONS = ("model", "path")  # options that name files, left out of row labels
 ENGINES = ("eager", "compiled")
@@ -41,8 +43,11 @@ class BenchConfig:
     prompts: Path | None = None  # a Spec-Bench question.jsonl; None: held-out code prompts
     prompts_per_category: int = 2
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
+    prompt_format: str = "auto"  # "chat-template", "raw", or auto: the template for Spec-Bench questions if any
 
     def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {self.prompt_format!r}")
         engines = self.engines
         if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):
             raise ValueError(f"engines must be distinct values of {ENGINES}, got {self.engines!r}")
@@ -106,6 +111,24 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
     return out
 
 
+def used_prompt_format(config: BenchConfig, tokenizer: Any) -> str:
+    """CHAT or RAW: auto applies the tokenizer's chat template, when it has one, to Spec-Bench
+    questions; the held-out code prompts are completions, so auto keeps them raw."""
+    if config.prompt_format == "auto" and config.prompts is None:
+        return RAW
+    return prompt_format(tokenizer, config.prompt_format)
+
+
+def turn_encoder(tokenizer: Any, used: str) -> Callable[[tuple[str, ...], list[str], int], list[int]]:
+    """`(turns, answers, index) -> ids` of turn `index` in the format `used` (CHAT or RAW)."""
+    def encode(turns: tuple[str, ...], answers: list[str], index: int) -> list[int]:
+        if used == CHAT:
+            return chat_ids(tokenizer, conversation(turns, answers, index))
+        return list(tokenizer(turn_prompt(turns, answers, index), add_special_tokens=False)["input_ids"])
+
+    return encode
+
+
 def _machine(device: torch.device) -> dict[str, Any]:
     import os
 
@@ -123,6 +146,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     from specdec.corpus import stdlib_corpus
     from specdec.prompts import code_prompts
 
+    used = used_prompt_format(config, tokenizer)  # fails before any run
     questions: tuple[Question, ...] = (load_questions(config.prompts) if config.prompts is not None else
                                        from_prompts(code_prompts(stdlib_corpus(),
                                                                  per_category=config.prompts_per_category)))
@@ -139,20 +163,19 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     turns = sum(len(q.turns) for q in questions)
     advance = advance_factory((config.warmup + config.repeats) * turns * len(contenders))
 
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    prompt_ids = turn_encoder(tokenizer, used)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
-    runs, compiled = run_bench(model, encode, decode, questions, contenders, config.sampling, config.max_new_tokens,
+    runs, compiled = run_bench(model, prompt_ids, decode, questions, contenders, config.sampling, config.max_new_tokens,
                                config.repeats, config.warmup, config.seed, assistant, advance)
     from specdec.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
     sizes += list(range(2, AUTO_MAX + 2)) if any(c.k == "auto" for c in contenders) else []
     # T(n) at the mean context length of the runs: the mean prompt plus half the new tokens
-    prompts = [torch.tensor(encode(q.turns[0]), dtype=torch.long) for q in questions]
+    prompts = [torch.tensor(prompt_ids(q.turns, [], 0), dtype=torch.long) for q in questions]
     length = int(sum(p.numel() for p in prompts) / len(prompts)) + config.max_new_tokens // 2
     prefix = prompts[0].repeat(length // prompts[0].numel() + 1)[:length]
     target = CausalLM(model)
@@ -169,7 +192,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                              else str(config.prompts), "sampling": asdict(config.sampling),
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
-                             "questions": len(questions), "turns": turns},
+                             "questions": len(questions), "turns": turns, "prompt_format": used},
                 "forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in costs.items()},
                 "tree_forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in tree_costs.items()},
                 "compile_seconds": sum(compiled.values()), "records": records}

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdec.training.teacher import teacher_batch
+from specdec.training.teacher import teacher_batch, wanted_layers
 
 __all__ = ["GRID", "calibration_losses", "fit_temperature", "value_temperatures"]
 
@@ -49,7 +49,7 @@ def value_temperatures(target: PreTrainedModel, students: Sequence[object], wind
     able = [s for s in students if hasattr(s, "draft_logits")]
     totals = {getattr(s, "name"): torch.zeros(len(GRID), dtype=torch.float64) for s in able}
     for start in range(0, windows.shape[0], batch):
-        teacher = teacher_batch(target, windows[start : start + batch])
+        teacher = teacher_batch(target, windows[start : start + batch], wanted_layers(able))
         for student in able:
             logits, reference = getattr(student, "draft_logits")(teacher)
             totals[getattr(student, "name")] += calibration_losses(logits, reference)

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from specdec.training.data import WindowSampler
 from specdec.training.optim import Steps, learning_rate, make_optimizer, progress, set_learning_rate
-from specdec.training.teacher import Student, teacher_batch
+from specdec.training.teacher import Student, teacher_batch, wanted_layers
 
 __all__ = ["distill", "evaluate"]
 
@@ -30,12 +30,13 @@ def distill(target: PreTrainedModel, students: Sequence[Student], data: torch.Te
         raise ValueError(f"students must have distinct names, got {names}")
     target.eval().requires_grad_(False)
     sampler = WindowSampler(data, settings.seq_len, settings.seed)
+    layers = wanted_layers(students)
     optimizers = [make_optimizer(s.module.parameters(), settings) for s in students]
     last: dict[str, float] = {}
     bar = progress(settings.steps, f"training {', '.join(names)}", show_progress)
     try:
         for step in range(settings.steps):
-            batch = teacher_batch(target, sampler(settings.batch))
+            batch = teacher_batch(target, sampler(settings.batch), layers)
             for student, optimizer in zip(students, optimizers):
                 set_learning_rate(optimizer, learning_rate(step, settings.steps, student.lr, settings.warmup))
                 loss = student.loss(batch)
@@ -61,7 +62,7 @@ def evaluate(target: PreTrainedModel, students: Sequence[Student], windows: torc
     """Each student's held-out figures, averaged over `windows` [n, T] (NaN entries skipped)."""
     totals: dict[str, dict[str, list[float]]] = {s.name: {} for s in students}
     for start in range(0, windows.shape[0], batch):
-        teacher = teacher_batch(target, windows[start : start + batch])
+        teacher = teacher_batch(target, windows[start : start + batch], wanted_layers(students))
         for student in students:
             for key, value in student.evaluate(teacher).items():
                 totals[student.name].setdefault(key, []).append(value)

@@ -16,15 +16,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.corpus import files_corpus
 from specdec.drafters.eagle import save_eagle
+from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent, DraftSize
 from specdec.training.eagle import EagleStudent
+from specdec.training.eagle3 import Eagle3Student
 from specdec.training.estimate import acceptance_estimate, prompt_windows
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, write_mtp
@@ -32,8 +36,8 @@ from specdec.training.optim import Steps
 
 __all__ = ["KINDS", "TrainReport", "TrainSettings", "train_drafter"]
 
-KINDS = ("draft-model", "medusa", "eagle", "mtp")
-DEFAULT_LR = {"draft-model": 2e-3, "medusa": 1e-3, "eagle": 1e-3, "mtp": 1e-3}
+KINDS = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
+DEFAULT_LR = {"draft-model": 2e-3, "medusa": 1e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 1e-3}
 REPORT = "specdec_training.json"
 
 
@@ -45,6 +49,8 @@ class TrainSettings:
     draft: DraftSize = field(default_factory=DraftSize)
     medusa_heads: int = 4
     medusa_layers: int = 1
+    draft_vocab: int | None = None  # eagle3: tokens in the draft vocabulary (None: min(V, 32000))
+    eagle3_layers: tuple[int, ...] | None = None  # eagle3: target layers read (None: EAGLE-3's default)
     eval_windows: int = 16
     eval_prompts: int = 4
     eval_prompt_tokens: int = 64
@@ -64,7 +70,7 @@ class TrainReport:
     heldout_tokens: int
 
 
-def _student(kind: str, target: Any, settings: TrainSettings) -> Any:
+def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor) -> Any:
     seed, lr = settings.steps.seed, settings.steps.lr
     if kind == "draft-model":
         return DraftModelStudent.create(settings.draft, target, seed, lr)
@@ -73,6 +79,8 @@ def _student(kind: str, target: Any, settings: TrainSettings) -> Any:
                                     seed, lr)
     if kind == "eagle":
         return EagleStudent.create(target, seed, lr)
+    if kind == "eagle3":
+        return Eagle3Student.create(target, data, seed, lr, settings.draft_vocab, settings.eagle3_layers)
     return MtpStudent.create(target, seed, lr)
 
 
@@ -88,6 +96,9 @@ def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) 
         return {"path": str(out)}
     if kind == "eagle":
         save_eagle(student.module, out)
+        return {"path": str(out)}
+    if kind == "eagle3":
+        save_eagle3(student.module, out)
         return {"path": str(out)}
     shutil.copytree(target_dir, out, dirs_exist_ok=True)  # the MTP module lives in the target's files
     write_mtp(student.module, out)
@@ -118,7 +129,7 @@ def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path],
     length = min(settings.steps.seq_len, tokens.heldout.shape[0] // 2)  # held-out windows and prompts fit
     windows = evaluation_windows(tokens.heldout, length, settings.eval_windows)
     prompts = prompt_windows(tokens.heldout, settings.eval_prompts, min(settings.eval_prompt_tokens, length))
-    student = _student(kind, target, settings)
+    student = _student(kind, target, settings, tokens.train)
     distill(target, [student], tokens.train, settings.steps, show_progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))

@@ -3,7 +3,8 @@ and shared by every drafter trained on it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -11,26 +12,34 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-__all__ = ["Student", "TeacherBatch", "teacher_batch"]
+__all__ = ["Student", "TeacherBatch", "teacher_batch", "wanted_layers"]
 
 
 @dataclass(frozen=True)
 class TeacherBatch:
     """ids [B, T]; hidden [B, T, H], the target's last-layer post-norm hidden states (the features
     drafters read at decode time); log_probs [B, T, V], its next-token log-probabilities (row t
-    predicts ids[:, t + 1])."""
+    predicts ids[:, t + 1]); layers: the hidden states [B, T, H] of the layers students asked for
+    (`hidden_layers`, transformers' `hidden_states` indices)."""
 
     ids: torch.Tensor
     hidden: torch.Tensor
     log_probs: torch.Tensor
+    layers: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @torch.no_grad()
-def teacher_batch(model: PreTrainedModel, ids: torch.Tensor) -> TeacherBatch:
-    """One forward of the frozen target over ids [B, T]."""
+def teacher_batch(model: PreTrainedModel, ids: torch.Tensor, layers: Sequence[int] = ()) -> TeacherBatch:
+    """One forward of the frozen target over ids [B, T], keeping the hidden states of `layers`."""
     out = model(input_ids=ids, output_hidden_states=True)
     logits = out.logits.to(torch.promote_types(out.logits.dtype, torch.float32))
-    return TeacherBatch(ids, out.hidden_states[-1], F.log_softmax(logits, dim=-1))
+    kept = {i: out.hidden_states[i] for i in layers}
+    return TeacherBatch(ids, out.hidden_states[-1], F.log_softmax(logits, dim=-1), kept)
+
+
+def wanted_layers(students: Sequence[object]) -> tuple[int, ...]:
+    """Every layer some student reads (its `hidden_layers` attribute), in order."""
+    return tuple(sorted({i for student in students for i in getattr(student, "hidden_layers", ())}))
 
 
 class Student(Protocol):

@@ -2,7 +2,8 @@
 
 1. a byte-level BPE tokenizer on the training files;
 2. the target, a Qwen3-architecture causal LM trained with a joint MTP loss;
-3. a draft model, Medusa heads and an EAGLE-1 head, distilled together from the frozen target;
+3. a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, distilled together from the frozen
+   target;
 4. held-out losses of every piece, and each drafter's acceptance decoding held-out code prompts,
    with every piece reloaded from the files just written, through its drafter.
 
@@ -25,6 +26,7 @@ from transformers import Qwen3ForCausalLM
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.corpus import Corpus, read_text, stdlib_corpus
 from specdec.drafters.eagle import save_eagle
+from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
 from specdec.prompts import code_prompts
@@ -34,6 +36,7 @@ from specdec.training.calibration import value_temperatures
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
+from specdec.training.eagle3 import Eagle3Student
 from specdec.training.estimate import acceptance_estimate
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
@@ -45,7 +48,7 @@ from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, staging
 
 __all__ = ["build", "drafter_options"]
 
-LEARNED = ("draft-model", "medusa", "eagle", "mtp")
+LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
 
 
 def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
@@ -54,6 +57,7 @@ def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
     options: dict[str, dict[str, Any]] = {
         "ngram": {}, "draft-model": {"model": str(directory / "draft-model")},
         "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
+        "eagle3": {"path": str(directory / "eagle3")},
         "mtp": {"path": str(directory / "target")}}
     calibration = directory / CALIBRATION
     if calibration.is_file():
@@ -107,14 +111,17 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
         DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
         MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
                              settings.seed + 3, lr=settings.student_steps.lr),
-        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4)]
+        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4),
+        Eagle3Student.create(target, data.train, settings.seed + 5, lr=settings.student_steps.lr / 2,
+                             draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)]
     distill(target, students, data.train, settings.student_steps, show_progress)
-    draft, medusa, eagle = students
+    draft, medusa, eagle, eagle3 = students
     with quiet_transformers():
         draft.module.save_pretrained(work / "draft-model")
     tokenizer.save_pretrained(str(work / "draft-model"))
     save_medusa(medusa.module, work / "medusa")
     save_eagle(eagle.module, work / "eagle")
+    save_eagle3(eagle3.module, work / "eagle3")
 
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
@@ -128,7 +135,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
         "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
                    "heldout_loss": heldout_loss(target, windows)}}
     sizes = {"draft-model": _parameters(draft.module), "medusa": _parameters(medusa.module),
-             "eagle": _parameters(eagle.module), "mtp": _parameters(mtp_head)}
+             "eagle": _parameters(eagle.module), "eagle3": _parameters(eagle3.module), "mtp": _parameters(mtp_head)}
     for name in LEARNED:
         directory = "target" if name == "mtp" else name
         pieces[name] = {"path": directory, "parameters": sizes[name],

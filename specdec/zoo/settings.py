@@ -14,12 +14,12 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 3  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 4  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
 class ZooSettings:
-    """One family: tokenizer, target (+ MTP), draft model, Medusa heads and an EAGLE head."""
+    """One family: tokenizer, target (+ MTP), draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head."""
 
     name: str
     vocab_size: int
@@ -31,7 +31,10 @@ class ZooSettings:
     draft: DraftSize
     medusa_heads: int
     medusa_layers: int
-    student_steps: Steps  # draft model, Medusa and EAGLE train together; EAGLE at a quarter of its lr
+    student_steps: Steps  # draft model, Medusa and the EAGLE heads train together; EAGLE-1 at a quarter of
+    # its lr, EAGLE-3 at half
+    eagle3_layers: tuple[int, ...]  # the target hidden states the EAGLE-3 head fuses (hidden_states indices)
+    eagle3_vocab: int  # its draft vocabulary: the most frequent training tokens
     eval_windows: int  # held-out windows for the losses
     eval_prompts: int  # held-out code prompts per category for the acceptance estimate
     eval_new_tokens: int
@@ -56,6 +59,7 @@ FULL = ZooSettings(
     draft=DraftSize(hidden=64, layers=2, heads=4, kv_heads=2),
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=600, batch=4, seq_len=352, lr=1e-2, seed=2),
+    eagle3_layers=(1, 2, 3), eagle3_vocab=2048,
     eval_windows=24, eval_prompts=2, eval_new_tokens=64)
 
 QUICK = ZooSettings(
@@ -65,6 +69,7 @@ QUICK = ZooSettings(
     draft=DraftSize(hidden=32, layers=1, heads=2, kv_heads=1),
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
+    eagle3_layers=(0, 1, 2), eagle3_vocab=384,
     eval_windows=8, eval_prompts=1, eval_new_tokens=24)
 
 _FAMILIES = {"full": FULL, "quick": QUICK}

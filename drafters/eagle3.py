@@ -1,0 +1,163 @@
+"""EAGLE-3: drafting from a fusion of the target's low, middle and high layers (Li et al. 2025,
+"EAGLE-3", arXiv 2503.01840); the head and its checkpoints are `specdec.drafters.eagle3_head`.
+
+At position j the head reads the pair (embed(x_{j+1}), g_j), g_j = fc(cat of the target's
+hidden states at j in three layers), and its output at j gives the logits of x_{j+2} over the
+draft vocabulary. Drafting feeds each output back in place of g: (d_1, out_{T-2}) -> out -> d_2.
+Sampled drafts report q over the whole target vocabulary, zero outside the draft vocabulary.
+
+The state invariant is EAGLE-1's (`specdec.drafters.eagle`): the head's cache holds one entry
+per real pair; drafted entries are rolled back at commit and the accepted positions return as
+real pairs with their hidden states at the next propose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import nn
+
+from specdec.drafters.eagle import eagle_chain
+from specdec.drafters.eagle3_files import load_eagle3
+from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
+from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.head_steps import HeadSteps
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.protocols import DraftContext
+from specdec.target import CausalLM
+from specdec.trees import additive_mask
+from specdec.types import Draft
+
+__all__ = ["Eagle3Drafter", "check_fits", "layers_for"]
+
+
+def layers_for(head: Eagle3Head, lm: CausalLM) -> tuple[int, ...]:
+    """The target layers the head reads: its checkpoint's, else EAGLE-3's default for the target;
+    raises naming the config when they do not exist in the target."""
+    layers = head.spec.layers or default_layers(lm.num_layers)
+    if any(not 0 <= i <= lm.num_layers for i in layers):
+        said = "its config's layer ids" if head.spec.layers else f"the default (2, L // 2, L - 3) = {layers}"
+        raise ValueError(f"eagle3: {head.files[0]}: {said} name hidden states {layers} but the target has "
+                         f"{lm.num_layers} layers (indices 0..{lm.num_layers}); set "
+                         "eagle_aux_hidden_state_layer_ids for this target")
+    return tuple(layers)
+
+
+def check_fits(head: Eagle3Head, lm: CausalLM) -> None:
+    """Raise naming the file, the key and both shapes when the head does not fit the target."""
+    config_file, weights_file = head.files
+    spec = head.spec
+    if spec.layer.vocab_size != lm.vocab_size:
+        raise ValueError(f"eagle3: {config_file}: 'vocab_size' is {spec.layer.vocab_size} but the target's LM head "
+                         f"has {lm.vocab_size} rows; use an EAGLE-3 head trained for this target")
+    fused = len(layers_for(head, lm)) * lm.hidden_size
+    if head.fc.in_features != fused:
+        raise ValueError(f"eagle3: {weights_file}: 'fc.weight' has shape {tuple(head.fc.weight.shape)} but the "
+                         f"target's {len(layers_for(head, lm))} hidden states need "
+                         f"{(head.fc.out_features, fused)} (target hidden size {lm.hidden_size})")
+    if head.embed_tokens is None:
+        target = tuple(cast(torch.Tensor, lm.embed_tokens.weight).shape)
+        if target[1] != head.config.hidden_size:
+            raise ValueError(f"eagle3: {weights_file} has no 'embed_tokens.weight' and the target's embedding "
+                             f"{target} does not match the head's hidden size {head.config.hidden_size}")
+
+
+class Eagle3Drafter:
+    """Drafts with an EAGLE-3 head loaded from `path` (either layout).
+
+    tree=True drafts EAGLE-2 dynamic trees, as `eagle` does (`specdec.drafters.tree_search`),
+    else a chain; the head's cache is static and its steps fixed-shape, compiled when the
+    generation compiles.
+    """
+
+    name: ClassVar[str] = "eagle3"
+    tree_options: ClassVar[dict[str, Any]] = {"tree": True}
+    uses_hidden_states: ClassVar[bool] = True
+
+    def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
+                 depth: int | None = None, value_temperature: float = 1.0) -> None:
+        self.tree = tree_settings("eagle3", tree, top_k, total_tokens, depth, value_temperature)
+        self.head = load_eagle3(path)
+        self.steps = HeadSteps(self.head, "the EAGLE-3 head")
+        self.vocab = TargetVocab(self.head)
+        self._out: torch.Tensor | None = None  # [1, H] the head's output at the last committed pair
+        self._real = 0
+
+    @property
+    def cache_length(self) -> int:
+        return self.steps.length
+
+    def hidden_layers(self, target: CausalLM) -> tuple[int, ...]:
+        return layers_for(self.head, target)
+
+    def max_draft_nodes(self, k: int) -> int:
+        return k if self.tree is None else self.tree.total_tokens
+
+    def _embed(self, ctx: DraftContext) -> nn.Module:
+        return self.head.embed_tokens if self.head.embed_tokens is not None else ctx.target.embed_tokens
+
+    def prefill(self, ctx: DraftContext) -> None:
+        check_fits(self.head, ctx.target)
+        self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
+        self.vocab.to(device=ctx.target.device)
+        k = ctx.engine.max_draft
+        self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
+        self._out = None
+        self._feed_pending(ctx, eager=True)
+
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
+        """Feed the real pairs (x_{j+1}, fused states at j) not yet cached; keep the last output."""
+        pairs = pending_pairs(ctx, self.steps.length, "eagle3", embed=self._embed(ctx))
+        if pairs is not None:
+            embeds, states, positions = pairs
+            rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)
+            self._out = self.steps(rows, embeds, states, positions)[-1:]  # (1, H)
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self._feed_pending(ctx)
+        self._real = self.steps.length
+        if k <= 0 or self._out is None:
+            return Draft(ctx.tokens[:0])
+        if self.tree is not None:
+            return self._propose_tree(ctx, k, self._out)
+        out, embed = self._out, self._embed(ctx)
+        positions = torch.arange(k - 1, device=out.device) + ctx.tokens.shape[0] - 1  # of (d_i, out)
+        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=out.device)
+        if k == ctx.engine.max_draft:  # the whole loop in one step
+            tokens, probs = self.steps.chain(eagle_chain, k - 1, self.vocab, embed, out, positions, uniforms,
+                                             ctx.sampling, k)
+        else:
+
+            def head(embeds: torch.Tensor, hidden: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
+                return self.steps(1, embeds, hidden, position)
+
+            tokens, probs = eagle_chain(head, None, self.vocab, embed, out, positions, uniforms, ctx.sampling, k)
+        return Draft(tokens, probs)
+
+    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
+        """EAGLE-2's dynamic tree: each depth's chosen nodes run as pairs (d, the parent's output) in
+        one forward padded to top_k rows, at position T - 2 + depth."""
+        assert self.tree is not None
+        embed = self._embed(ctx)
+        columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
+        outputs: dict[int, torch.Tensor] = {}
+        start = ctx.tokens.shape[0] - 2
+
+        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
+            tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
+            parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
+                                   for n in nodes])  # (f, H)
+            positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
+            mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
+            out = self.steps(columns.padded(len(nodes)), embed(tokens), parents, positions, mask=mask)  # (f, H)
+            outputs.update(zip(nodes, out))
+            return self.vocab(out)  # (f, V)
+
+        draft, _ = grow(self.vocab(root)[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
+        return draft
+
+    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        self.steps.kv.rollback(min(self._real, self.steps.length))
+        self._out = None
