@@ -52,7 +52,7 @@ def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Te
             rows.append(probs)
         if i + 1 < k:  # the logits after the last draft are never needed
             logits = step(model, cache, token) if step is not None else \
-                model_forward(model, cache, token, 1, False, None, None)[0]  # (1, V)
+                model_forward(model, cache, token, 1, (), None, None)[0]  # (1, V)
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 

@@ -52,10 +52,11 @@ def check_fits(head: Eagle3Head, lm: CausalLM) -> None:
     if spec.layer.vocab_size != lm.vocab_size:
         raise ValueError(f"eagle3: {config_file}: 'vocab_size' is {spec.layer.vocab_size} but the target's LM head "
                          f"has {lm.vocab_size} rows; use an EAGLE-3 head trained for this target")
-    fused = len(layers_for(head, lm)) * lm.hidden_size
+    count = len(layers_for(head, lm))
+    fused = count * lm.hidden_size
     if head.fc.in_features != fused:
         raise ValueError(f"eagle3: {weights_file}: 'fc.weight' has shape {tuple(head.fc.weight.shape)} but the "
-                         f"target's {len(layers_for(head, lm))} hidden states need "
+                         f"target's {count} hidden states need "
                          f"{(head.fc.out_features, fused)} (target hidden size {lm.hidden_size})")
     if head.embed_tokens is None:
         target = tuple(cast(torch.Tensor, lm.embed_tokens.weight).shape)
@@ -101,6 +102,8 @@ class Eagle3Drafter:
     def prefill(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
+        rotary = self.head.rotary_emb  # its frequencies stay float32 whatever the head's dtype
+        rotary.inv_freq = rotary.original_inv_freq.to(device=ctx.target.device, dtype=torch.float32)
         self.vocab.to(device=ctx.target.device)
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))

@@ -74,8 +74,8 @@ def _check_mapping(d2t: torch.Tensor, t2d: torch.Tensor, vocab: int, file: Path)
     marked = torch.zeros(vocab, dtype=torch.bool)
     marked[targets] = True
     if not torch.equal(marked, t2d.bool()):
-        raise ValueError(f"eagle3: {file}: 't2d' marks {int(t2d.bool().sum())} target ids but 'd2t' maps to "
-                         f"{targets.numel()} others; the two must describe one draft vocabulary")
+        raise ValueError(f"eagle3: {file}: 't2d' marks {int(t2d.bool().sum())} target ids, 'd2t' maps to "
+                         f"{targets.numel()}, and the two sets differ; they must describe one draft vocabulary")
 
 
 def eagle3_config(head: Eagle3Head, layout: str = SGLANG, verifier: dict[str, Any] | None = None,
@@ -88,9 +88,11 @@ def eagle3_config(head: Eagle3Head, layout: str = SGLANG, verifier: dict[str, An
     layer = {key: value for key, value in head.config.to_dict().items()
              if not key.startswith("_") and key not in _NOT_LAYER}
     layer.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False)
-    rope = layer.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
-        layer["rope_theta"] = rope["rope_theta"]  # as engines on older transformers read it
+    rope = dict(layer.get("rope_parameters") or {})
+    if "rope_theta" in rope:  # as engines on transformers 4.x read them
+        layer["rope_theta"] = rope.pop("rope_theta")
+        if rope.get("rope_type", "default") != "default":
+            layer["rope_scaling"] = rope
     if layout == SGLANG:
         config = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": spec.draft_vocab_size,
                   "target_hidden_size": spec.target_hidden_size, "norm_before_residual": spec.norm_before_residual,
@@ -115,7 +117,7 @@ def eagle3_config(head: Eagle3Head, layout: str = SGLANG, verifier: dict[str, An
 def eagle3_tensors(head: Eagle3Head, layout: str = SGLANG, embedding: torch.Tensor | None = None
                    ) -> dict[str, torch.Tensor]:
     """The tensors of `head` under `layout`'s names; `embedding` [V, H] is stored as
-    `embed_tokens.weight` (the head's own is stored anyway)."""
+    `embed_tokens.weight` in place of the head's own (if it has one)."""
     state = {key: tensor.detach().cpu().contiguous() for key, tensor in head.state_dict().items()}
     if embedding is not None:
         state["embed_tokens.weight"] = embedding.detach().to("cpu", head.fc.weight.dtype).contiguous()

@@ -80,7 +80,10 @@ def read_spec(config_file: Path) -> Eagle3Spec:
         layer, layout, flags = raw, SGLANG, raw
         eagle = raw.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-        ids = None if ids is None else [int(i) + 1 for i in ids]  # layer outputs -> hidden_states indices
+        if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)):
+            raise ValueError(f"eagle3: {config_file}: eagle_config.eagle_aux_hidden_state_layer_ids must be a "
+                             f"non-empty list of layer ids, got {ids!r}")
+        ids = None if ids is None else [i + 1 for i in ids]  # layer outputs -> hidden_states indices
         norm_before_residual = bool(raw.get("norm_before_residual", False))
         if eagle.get("use_aux_hidden_state") is False:
             raise ValueError(f"eagle3: {config_file}: eagle_config.use_aux_hidden_state is false; such heads "
@@ -98,9 +101,9 @@ def read_spec(config_file: Path) -> Eagle3Spec:
                          "have one decoder layer")
     vocab = raw.get("draft_vocab_size", layer.get("draft_vocab_size")) or config.vocab_size
     target_hidden = raw.get("target_hidden_size", layer.get("target_hidden_size")) or config.hidden_size
-    if ids is not None and (not isinstance(ids, list) or not ids):
-        raise ValueError(f"eagle3: {config_file}: eagle_aux_hidden_state_layer_ids must be a non-empty list, "
-                         f"got {ids!r}")
+    if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)):
+        raise ValueError(f"eagle3: {config_file}: eagle_aux_hidden_state_layer_ids must be a non-empty list of "
+                         f"layer ids, got {ids!r}")
     return Eagle3Spec(config, int(vocab), int(target_hidden), None if ids is None else tuple(int(i) for i in ids),
                       norm_before_residual, layout, config_file)
 

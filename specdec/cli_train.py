@@ -44,7 +44,8 @@ def _layers(text: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--eagle3-layers must be comma-separated layer indices such as 2,16,29, got {text!r}") from None
+        raise ValueError(f"--eagle3-layers must be comma-separated layer indices such as 2,16,29, "
+                         f"got {text!r}") from None
 
 
 def add_train_command(commands: Any) -> None:
@@ -71,7 +72,8 @@ def add_train_command(commands: Any) -> None:
     train.add_argument("--medusa-heads", type=int, default=4, help="medusa: heads (default 4)")
     train.add_argument("--medusa-layers", type=int, default=1, help="medusa: residual blocks per head (default 1)")
     train.add_argument("--draft-vocab", type=int, default=None,
-                       help="eagle3: the draft vocabulary's size, its most frequent training tokens (default min(V, 32000))")
+                       help="eagle3: the draft vocabulary's size, its most frequent training tokens "
+                            "(default min(V, 32000))")
     train.add_argument("--eagle3-layers", default=None, metavar="I,J,K",
                        help="eagle3: target hidden_states indices to fuse (0 = embeddings; default 2,L//2,L-3)")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")

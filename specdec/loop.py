@@ -25,7 +25,7 @@ from specdec.counters import Counters
 from specdec.engine import Engine
 from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
-from specdec.target import CausalLM
+from specdec.target import LAST_LAYER, CausalLM
 from specdec.tree_logits import TreeLogits
 from specdec.trace import Trace
 from specdec.trees import depths, first_path
@@ -229,12 +229,12 @@ def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) ->
 
 
 def hidden_layers(drafter: Drafter | None, name: str, lm: CausalLM) -> tuple[int, ...]:
-    """The target layers whose hidden states `drafter` reads: none, the post-norm last layer for
-    `uses_hidden_states`, or those its `hidden_layers(target)` names (indices 0..num_layers)."""
+    """The target layers whose hidden states `drafter` reads: none, the post-norm last layer (-1)
+    for `uses_hidden_states`, or those its `hidden_layers(target)` names (indices 0..num_layers)."""
     if not getattr(drafter, "uses_hidden_states", False):
         return ()
     if not hasattr(drafter, "hidden_layers"):
-        return (lm.num_layers,)
+        return (LAST_LAYER,)
     layers = tuple(_call_drafter(drafter, name, "hidden_layers", lm))
     if not layers or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= lm.num_layers
                          for i in layers):

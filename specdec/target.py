@@ -26,7 +26,9 @@ from specdec.engine import Step, step_for
 from specdec.tree_logits import TreeLogits, head_reproduces
 from specdec.trees import additive_mask, ancestor_mask, depths
 
-__all__ = ["CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
+__all__ = ["LAST_LAYER", "CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
+
+LAST_LAYER = -1  # the `hidden_states` index of the post-norm last layer, whatever the model counts
 
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
                      "model.decoder.final_layer_norm")
@@ -176,7 +178,8 @@ class CausalLM:
 
         Returns logits [keep, V] of the last `keep` positions and, if `hidden` names layers, their
         hidden states concatenated, [n, len(hidden) * H] (`hidden_states`: index 0 is the
-        embeddings, i the residual stream entering layer i, num_layers the post-norm last layer).
+        embeddings, i the residual stream entering layer i, num_layers or LAST_LAYER the post-norm
+        last layer)
         `rows` (>= n) makes it a fixed-shape step of `rows` positions (see the class docstring).
         """
         n = input_ids.shape[0]
@@ -232,10 +235,12 @@ class CausalLM:
         known = self._lazy_head is not None
         keep: int | torch.Tensor = torch.zeros(1, dtype=torch.long, device=self.device) if self._lazy_head \
             else width
-        layers = (self.num_layers, *hidden)
-        logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=layers, step=known)
+        extra_layers = () if hidden == (LAST_LAYER,) else hidden  # the last layer is taken once
+        logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=(LAST_LAYER, *extra_layers),
+                                          step=known)
         assert out is not None
-        states, extra = out[: n + 1, : self.hidden_size], out[: n + 1, self.hidden_size :] if hidden else None
+        states = out[: n + 1, : self.hidden_size]  # (n + 1, H)
+        extra = (out[: n + 1, self.hidden_size :] if extra_layers else states) if hidden else None
         if self._lazy_head is None:
             self._lazy_head = head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
             return TreeLogits(states, self.lm_head, logits[: n + 1], states=extra)

@@ -324,3 +324,38 @@ def test_a_full_vocabulary_head_may_omit_the_mapping(target, tmp_path):
     rewrite(path, lambda w: (w.pop("d2t"), w.pop("t2d")))
     result = specdec.generate(target, PROMPTS[0], drafter=Eagle3Drafter(path), max_new_tokens=NEW)
     assert result.tokens == hf_greedy(target, PROMPTS[0], NEW) and result.stats.drafted > 0
+
+
+def test_training_time_test_sees_what_drafting_sees(target):
+    """Each unrolled training step at position j gives the logits the head computes when it drafts
+    that deep after j, on a cache of the real pairs (teacher-forced tokens)."""
+    from transformers import DynamicCache
+
+    from specdec.training.eagle3 import Eagle3Student
+    from specdec.training.teacher import teacher_batch
+
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    student = Eagle3Student.create(target, ids.flatten(), seed=1, draft_vocab=40, layers=LAYERS, steps=4)
+    head = student.module.double().eval()
+    batch = teacher_batch(target, ids, student.hidden_layers)
+    embed = target.get_input_embeddings()
+    with torch.no_grad():
+        unrolled = student._unroll(batch, 4)  # step i: [1, 11 - i, V_draft]
+        fused = torch.cat([batch.layers[i][0] for i in LAYERS], dim=-1)  # (12, 3H)
+        for j in (0, 4, 7):
+            cache = DynamicCache(config=head.config)
+            out = head(embed(ids[0, 1 : j + 2]), fused[: j + 1], torch.arange(j + 1), cache)[-1:]  # pairs 0..j
+            for i in range(4):
+                if i:  # drafting depth i + 1: the previous output and the (teacher-forced) token x_{j+1+i}
+                    out = head(embed(ids[0, j + 1 + i : j + 2 + i]), out, torch.tensor([j + i]), cache)
+                torch.testing.assert_close(head.draft_logits(out)[0], unrolled[i][0, j], rtol=1e-9, atol=1e-9)
+
+
+def test_training_layers_are_three_ascending_served_layers_where_the_target_has_them():
+    from specdec.training.eagle3 import training_layers
+
+    assert training_layers(32) == (2, 16, 29)  # EAGLE-3's default
+    assert training_layers(4) == (1, 2, 3) and training_layers(6) == (1, 3, 5)
+    assert training_layers(2) == (1, 1, 1)  # too few layers: repeats
+    assert all(1 <= i <= L - 1 for L in range(4, 40) for i in training_layers(L))
+    assert all(len(set(training_layers(L))) == 3 for L in range(4, 40))

@@ -113,8 +113,8 @@ def sources(hybrid: PreTrainedModel, tmp_path_factory: pytest.TempPathFactory) -
             "eagle": eagle_checkpoint(root / "eagle", bias=True),
             "eagle-bias-free": eagle_checkpoint(root / "eagle-bias-free", bias=False, seed=1),
             "mtp": write_target(hybrid, mtp_tensors(hybrid, "qwen", seed=6), root / "mtp"),
-            "eagle3": save_eagle3(random_eagle3(seed=2, scale=4.0, layers=(0, 1, 1)), root / "eagle3"),
-            "eagle3-normed": save_eagle3(random_eagle3(seed=3, scale=4.0, layers=(1, 1, 2), draft_vocab=64,
+            "eagle3": save_eagle3(random_eagle3(seed=2, scale=4.0, layers=(1, 2, 3)), root / "eagle3"),
+            "eagle3-normed": save_eagle3(random_eagle3(seed=3, scale=4.0, layers=(1, 2, 4), draft_vocab=64,
                                                        norm_before_residual=True), root / "eagle3-normed")}
 
 
@@ -123,8 +123,14 @@ EXPORTS = [("medusa", "medusa", "vllm"), ("eagle", "eagle-bias-free", "vllm"), (
            ("eagle3", "eagle3", "vllm"), ("eagle3", "eagle3", "sglang"), ("eagle3", "eagle3-normed", "vllm")]
 
 
-def target_for(kind: str, llama: PreTrainedModel, hybrid: PreTrainedModel) -> PreTrainedModel:
-    return hybrid if kind == "mtp" else llama
+@pytest.fixture(scope="module")
+def deep_llama() -> PreTrainedModel:
+    """Four layers: an EAGLE-3 head fuses three of them."""
+    return tiny_model("llama", vocab_size=VOCAB, hidden=HIDDEN, seed=0, layers=4)
+
+
+def target_for(kind: str, llama: PreTrainedModel, hybrid: PreTrainedModel, deep: PreTrainedModel) -> PreTrainedModel:
+    return {"mtp": hybrid, "eagle3": deep}.get(kind, llama)
 
 
 def stored(directory: Path, file: str) -> dict[str, torch.Tensor]:
@@ -136,10 +142,10 @@ def stored(directory: Path, file: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(("kind", "source", "engine"), EXPORTS)
 def test_export_reads_back_through_specdec_with_identical_drafts(kind, source, engine, sources, llama, hybrid,
-                                                                 tmp_path):
+                                                                 deep_llama, tmp_path):
     out = export(kind, sources[source], engine, tmp_path / "out")
     assert out == tmp_path / "out" and out.is_dir()
-    target = target_for(kind, llama, hybrid)
+    target = target_for(kind, llama, hybrid, deep_llama)
     tokens, drafts = drafts_of(kind, sources[source], target)
     back_tokens, back_drafts = drafts_of(kind, read_back(kind, out, engine, tmp_path / "scratch"), target)
     assert back_drafts == drafts and back_tokens == tokens
@@ -338,14 +344,15 @@ def test_cli_errors_are_one_line_exit_2(argv, named, sources, tmp_path, capsys):
 def test_eagle3_layer_ids_and_residual_are_written_in_each_engines_convention(sources, tmp_path):
     vllm = json.loads((export("eagle3", sources["eagle3"], "vllm", tmp_path / "v") / "config.json").read_text())
     sglang = json.loads((export("eagle3", sources["eagle3"], "sglang", tmp_path / "s") / "config.json").read_text())
-    assert vllm["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]  # hidden_states indices
-    assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 0]  # layer outputs
+    assert vllm["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # hidden_states indices
+    assert sglang["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # layer outputs
     assert vllm["norm_before_residual"] is False and sglang["norm_before_residual"] is False  # written explicitly
     assert vllm["transformer_layer_config"]["num_hidden_layers"] == 1
     assert "verifier" in vllm["speculators_config"] and vllm["speculators_config"]["proposal_methods"]
 
 
-def test_eagle3_with_a_target_stores_its_embedding_and_names_the_verifier(sources, llama, tmp_path):
+def test_eagle3_with_a_target_stores_its_embedding_and_names_the_verifier(sources, deep_llama, tmp_path):
+    llama = deep_llama
     target = tmp_path / "target"
     llama.save_pretrained(target)
     out = export("eagle3", sources["eagle3"], "vllm", tmp_path / "out", target=target)
@@ -357,11 +364,16 @@ def test_eagle3_with_a_target_stores_its_embedding_and_names_the_verifier(source
     assert drafts_of("eagle3", out, llama) == (tokens, drafts)  # the stored copy embeds as the target does
 
 
-def test_eagle3_the_engines_cannot_serve_is_refused(sources, llama, tmp_path):
+def test_eagle3_the_engines_cannot_serve_is_refused(sources, deep_llama, tmp_path):
     with pytest.raises(ValueError, match="norm_before_residual.*--to vllm"):
         export("eagle3", sources["eagle3-normed"], "sglang", tmp_path / "a")
     target = tmp_path / "target"
-    llama.save_pretrained(target)  # 2 layers: the engines capture indices 0..1, not 2 (post-norm)
-    with pytest.raises(ValueError, match=r"\(1, 1, 2\).*layers 0\.\.1"):
+    deep_llama.save_pretrained(target)  # 4 layers: the engines capture indices 0..3, not 4 (post-norm)
+    with pytest.raises(ValueError, match=r"\(1, 2, 4\).*layers 0\.\.3"):
         export("eagle3", sources["eagle3-normed"], "vllm", tmp_path / "b", target=target)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    for layers, engine, named in (((1, 1, 2), "vllm", "three distinct ascending"), ((2, 1, 3), "sglang", "ascending"),
+                                  ((1, 2), "vllm", "exactly three"), ((0, 1, 2), "vllm", "embeddings")):
+        source = save_eagle3(random_eagle3(layers=layers), tmp_path / f"src-{engine}-{len(layers)}-{layers[0]}")
+        with pytest.raises(ValueError, match=named):
+            export("eagle3", source, engine, tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

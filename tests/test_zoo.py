@@ -18,6 +18,7 @@ from specdec import cli, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.corpus import stdlib_corpus
 from specdec.drafters.eagle import load_eagle
+from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.medusa import load_medusa
 from specdec.drafters.mtp import load_mtp
 from specdec.prompts import code_prompts
@@ -25,11 +26,12 @@ from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import evaluate
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
+from specdec.training.eagle3 import Eagle3Student
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head
 from specdec.zoo.store import staging
 
-LEARNED = ("draft-model", "medusa", "eagle", "mtp")
+LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
 
 
 def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
@@ -117,9 +119,13 @@ def test_learned_drafters_agree_with_the_target_far_above_chance_on_held_out_tex
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     trained = [DraftModelStudent(load_causal_lm(quick_zoo / "draft-model")), MedusaStudent(load_medusa(quick_zoo / "medusa")),
                EagleStudent(load_eagle(quick_zoo / "eagle"), embed, lm_head),
-               MtpStudent(load_mtp(quick_zoo / "target"), embed, lm_head)]
+               MtpStudent(load_mtp(quick_zoo / "target"), embed, lm_head),
+               Eagle3Student(load_eagle3(quick_zoo / "eagle3"), embed)]
+    data = encode_corpus(tokenizer, corpus, 0, 50_000, 1_000).train
     fresh = [DraftModelStudent.create(zoo.QUICK.draft, target, seed=7), MedusaStudent.create(3, 1, lm_head, seed=7),
-             EagleStudent.create(target, seed=7), MtpStudent(create_mtp_head(target.config, 7), embed, lm_head)]
+             EagleStudent.create(target, seed=7), MtpStudent(create_mtp_head(target.config, 7), embed, lm_head),
+             Eagle3Student.create(target, data, seed=7, draft_vocab=zoo.QUICK.eagle3_vocab,
+                                  layers=zoo.QUICK.eagle3_layers)]
     learned, untrained = evaluate(target, trained, windows), evaluate(target, fresh, windows)
     for name in LEARNED:
         assert learned[name]["agreement"] > 50 / 512, (name, learned[name])  # chance: about 1/512

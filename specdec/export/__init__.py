@@ -54,11 +54,11 @@ def export(kind: str, src: str | Path, to: str, out: str | Path, target: str | P
     others: checked for fit when given). Returns `out`. Nothing is left at `out` on failure."""
     exporter = _exporter(kind)
     layout_for(kind, to)  # refuses what the engine cannot load, before anything is read
-    src, out = Path(src), Path(out)
-    if not src.is_dir():
-        raise FileNotFoundError(f"export: SRC {str(src)!r} is not a directory; pass the {kind} checkpoint directory")
-    if target is not None and not Path(target).is_dir():
-        raise FileNotFoundError(f"export: --target {str(target)!r} is not a directory")
+    from specdec.checkpoints import resolve_checkpoint
+
+    src, out = resolve_checkpoint(src, f"export: SRC ({kind} checkpoint)"), Path(out)
+    if target is not None:
+        target = resolve_checkpoint(target, "export: --target")
     check_out(out)
     with staged(out) as staging:
         exporter.write(src, to, staging, None if target is None else Path(target))

@@ -5,8 +5,9 @@ specdec reads both layouts itself (`specdec.drafters.eagle3_files`), so an expor
 specdec's own writers and reads back as it is. What the engines cannot represent is refused:
 - SGLang starts the layer's residual from the unnormed fusion, so a head with
   `norm_before_residual` true has no SGLang layout;
-- both engines capture the residual stream entering target layers 0..L-1 (vLLM's and SGLang's
-  Llama forward), so a head reading index L (the post-norm last layer) cannot be served;
+- both engines fuse exactly three layers, captured in ascending order, from the residual stream
+  entering target layers 0..L-1 (vLLM's and SGLang's Llama forward; vLLM not index 0), so other
+  heads, and a head reading index L (the post-norm last layer), cannot be served;
 - `norm_before_residual` is written explicitly in both (vLLM reads an absent field as true).
 With `--target` the export is checked against the target's sizes and layers, its embedding is
 stored as `embed_tokens.weight` (both engines then use it), and vLLM's verifier names the target.
@@ -30,6 +31,14 @@ LAYOUT = {"vllm": SPECULATORS, "sglang": SGLANG}
 
 def _check(head: Eagle3Head, engine: str, src: Path, target: Path | None) -> torch.Tensor | None:
     """Refuse what `engine` cannot serve; the target's embedding when `target` is given."""
+    layers = head.spec.layers
+    if layers is not None and (len(layers) != 3 or any(a >= b for a, b in zip(layers, layers[1:]))):
+        raise ValueError(f"export: the EAGLE-3 head at {str(src)!r} fuses hidden states {layers}; vLLM and SGLang "
+                         "fuse exactly three layers, captured in ascending order, so serve three distinct ascending "
+                         "layers")
+    if engine == "vllm" and layers is not None and layers[0] == 0:
+        raise ValueError(f"export: the EAGLE-3 head at {str(src)!r} reads hidden state 0 (the embeddings), which "
+                         "vLLM's Llama forward does not capture (no residual before layer 0); export it --to sglang")
     if engine == "sglang" and head.spec.norm_before_residual:
         raise ValueError(f"export: the EAGLE-3 head at {str(src)!r} sets norm_before_residual, but SGLang's "
                          "LlamaForCausalLMEagle3 starts the residual from the unnormed fusion "
@@ -37,7 +46,7 @@ def _check(head: Eagle3Head, engine: str, src: Path, target: Path | None) -> tor
     if target is None:
         return None
     config = target_config(target)
-    layers = head.spec.layers or default_layers(int(config.num_hidden_layers))
+    layers = layers or default_layers(int(config.num_hidden_layers))
     served = int(config.num_hidden_layers) - 1
     if any(not 0 <= i <= served for i in layers):
         raise ValueError(f"export: the EAGLE-3 head at {str(src)!r} reads hidden states {tuple(layers)}, but the "

@@ -39,9 +39,14 @@ def draft_vocabulary(data: torch.Tensor, vocab_size: int, size: int) -> torch.Te
 
 
 def training_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's default layers for an L-layer target, each clamped into the residual stream 1..L-1
-    so that small targets keep three distinct-as-possible low, middle and high layers."""
-    return tuple(min(max(i, 1), max(num_layers - 1, 1)) for i in default_layers(num_layers))
+    """EAGLE-3's default layers (2, L // 2, L - 3) where they are three ascending layers inside the
+    residual stream 1..L-1 that serving engines capture; else three spread over 1..L-1 (first,
+    middle, last); a target of fewer than 4 layers repeats layers."""
+    low, high = 1, max(num_layers - 1, 1)
+    default = default_layers(num_layers)
+    if low <= default[0] < default[1] < default[2] <= high:
+        return default
+    return tuple(round(low + (high - low) * t) for t in (0.0, 0.5, 1.0))
 
 
 def unrolled_mask(n: int, step: int, device: torch.device) -> torch.Tensor:
@@ -63,7 +68,8 @@ class Eagle3Student:
             raise ValueError(f"eagle3: training-time test needs at least one step, got {steps}")
         self.module: Eagle3Head = head.train()
         self.embed, self.lr, self.steps, self.decay = embed, lr, steps, decay
-        assert head.spec.layers is not None
+        if head.spec.layers is None:
+            raise ValueError("eagle3: a head in training names its layers (Eagle3Spec.layers)")
         self.hidden_layers: tuple[int, ...] = head.spec.layers
         self._ids = head.target_ids()  # (V_draft,) the draft vocabulary's target ids
 

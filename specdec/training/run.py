@@ -22,6 +22,7 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transforme
 from specdec.corpus import files_corpus
 from specdec.drafters.eagle import save_eagle
 from specdec.drafters.eagle3_files import save_eagle3
+from specdec.drafters.eagle3_head import SPECULATORS
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
 from specdec.training.data import encode_corpus, evaluation_windows
@@ -97,8 +98,8 @@ def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) 
     if kind == "eagle":
         save_eagle(student.module, out)
         return {"path": str(out)}
-    if kind == "eagle3":
-        save_eagle3(student.module, out)
+    if kind == "eagle3":  # the layout that keeps norm_before_residual, which vLLM serves as it is
+        save_eagle3(student.module, out, layout=SPECULATORS)
         return {"path": str(out)}
     shutil.copytree(target_dir, out, dirs_exist_ok=True)  # the MTP module lives in the target's files
     write_mtp(student.module, out)

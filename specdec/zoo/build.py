@@ -27,6 +27,7 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transforme
 from specdec.corpus import Corpus, read_text, stdlib_corpus
 from specdec.drafters.eagle import save_eagle
 from specdec.drafters.eagle3_files import save_eagle3
+from specdec.drafters.eagle3_head import SPECULATORS
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
 from specdec.prompts import code_prompts
@@ -121,7 +122,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     tokenizer.save_pretrained(str(work / "draft-model"))
     save_medusa(medusa.module, work / "medusa")
     save_eagle(eagle.module, work / "eagle")
-    save_eagle3(eagle3.module, work / "eagle3")
+    save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
 
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)

@@ -14,7 +14,7 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 4  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 5  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
