@@ -14,7 +14,7 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 5  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 6  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,7 @@ class ZooSettings:
     draft: DraftSize
     medusa_heads: int
     medusa_layers: int
-    student_steps: Steps  # draft model, Medusa and the EAGLE heads train together; EAGLE-1 at a quarter of
-    # its lr, EAGLE-3 at half
+    student_steps: Steps  # draft model, Medusa and the EAGLE heads train together; EAGLE-1 at a quarter of its lr
     eagle3_layers: tuple[int, ...]  # the target hidden states the EAGLE-3 head fuses (hidden_states indices)
     eagle3_vocab: int  # its draft vocabulary: the most frequent training tokens
     eval_windows: int  # held-out windows for the losses
