@@ -37,7 +37,7 @@ from specdec.cache import new_cache
 from specdec.drafters.feature_pairs import pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow, tree_settings
 from specdec.drafters.weights import PICKLE, SAFETENSORS, read_weights
 from specdec.protocols import DraftContext
 from specdec.sampling import pick
@@ -45,7 +45,7 @@ from specdec.target import CausalLM
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
-__all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
+__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "load_eagle", "save_eagle", "tree_draft"]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
@@ -180,6 +180,48 @@ def eagle_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, fea
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
+def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
+                feature: torch.Tensor) -> Draft:
+    """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
+    through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
+    The usual draft (k = the loop's k) is one step, one graph when compiled; a shorter one (the
+    budget's end, k=auto) runs head step by head step."""
+    positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
+    uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=feature.device)
+    if k == ctx.engine.max_draft:
+        tokens, probs = steps.chain(eagle_chain, k - 1, logits, embed, feature, positions, uniforms, ctx.sampling, k)
+    else:
+
+        def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
+            return steps(1, embeds, features, position)
+
+        tokens, probs = eagle_chain(head, None, logits, embed, feature, positions, uniforms, ctx.sampling, k)
+    return Draft(tokens, probs)
+
+
+def tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
+               embed: nn.Module, root: torch.Tensor) -> Draft:
+    """An EAGLE-2 dynamic tree from the root's output [1, H]: each depth's chosen nodes run as pairs
+    (d, the parent's output) in one forward (padded to top_k rows) on top of the real entries, at
+    position T - 2 + depth."""
+    columns = TreeColumns(steps.length, steps.width, rows=tree.top_k)
+    outputs: dict[int, torch.Tensor] = {}  # expanded node -> its output [H]
+    start = ctx.tokens.shape[0] - 2
+
+    def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
+        tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
+        parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
+                               for n in nodes])  # (f, H)
+        positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
+        mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
+        out = steps(columns.padded(len(nodes)), embed(tokens), parents, positions, mask=mask)  # (f, H)
+        outputs.update(zip(nodes, out))
+        return logits(out)  # (f, V)
+
+    draft, _ = grow(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator, sampled=True)
+    return draft
+
+
 class EagleDrafter:
     """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head.
 
@@ -234,44 +276,11 @@ class EagleDrafter:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._feature)
-        target, feature = ctx.target, self._feature
-        positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
-        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=feature.device)
-        if k == ctx.engine.max_draft:  # the usual draft: the whole loop in one step (one graph when compiled)
-            tokens, probs = self.steps.chain(eagle_chain, k - 1, target.lm_head, target.embed_tokens, feature,
-                                             positions, uniforms, ctx.sampling, k)
-        else:  # a shorter one (the budget's end, k=auto): head step by head step
-
-            def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object
-                     ) -> torch.Tensor:
-                return self.steps(1, embeds, features, position)
-
-            tokens, probs = eagle_chain(head, None, target.lm_head, target.embed_tokens, feature, positions, uniforms,
-                                        ctx.sampling, k)
-        return Draft(tokens, probs)
+        return chain_draft(self.steps, ctx, k, ctx.target.lm_head, ctx.target.embed_tokens, self._feature)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
-        """Grow a dynamic tree: each depth's chosen nodes run as pairs (d, f̂ of the parent) in one
-        forward (padded to top_k rows) on top of the real entries, at position T - 2 + depth."""
         assert self.tree is not None
-        lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
-        columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
-        outputs: dict[int, torch.Tensor] = {}  # expanded node -> its predicted feature [H]
-        start = ctx.tokens.shape[0] - 2
-
-        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
-            tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
-            parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
-                                   for n in nodes])  # (f, H)
-            positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
-            rows = columns.padded(len(nodes))
-            mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
-            features = self.steps(rows, embed(tokens), parents, positions, mask=mask)  # (f, H)
-            outputs.update(zip(nodes, features))
-            return lm_head(features)  # (f, V)
-
-        draft, _ = grow(lm_head(root)[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
-        return draft
+        return tree_draft(self.steps, ctx, k, self.tree, ctx.target.lm_head, ctx.target.embed_tokens, root)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # Entries past the real pairs came from drafted features: drop them. The accepted

@@ -19,15 +19,14 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from specdec.drafters.eagle import eagle_chain
+from specdec.drafters.eagle import chain_draft, tree_draft
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_pairs import pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.tree_search import tree_settings
 from specdec.protocols import DraftContext
 from specdec.target import CausalLM
-from specdec.trees import additive_mask
 from specdec.types import Draft
 
 __all__ = ["Eagle3Drafter", "check_fits", "layers_for"]
@@ -125,41 +124,11 @@ class Eagle3Drafter:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._out)
-        out, embed = self._out, self._embed(ctx)
-        positions = torch.arange(k - 1, device=out.device) + ctx.tokens.shape[0] - 1  # of (d_i, out)
-        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=out.device)
-        if k == ctx.engine.max_draft:  # the whole loop in one step
-            tokens, probs = self.steps.chain(eagle_chain, k - 1, self.vocab, embed, out, positions, uniforms,
-                                             ctx.sampling, k)
-        else:
-
-            def head(embeds: torch.Tensor, hidden: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
-                return self.steps(1, embeds, hidden, position)
-
-            tokens, probs = eagle_chain(head, None, self.vocab, embed, out, positions, uniforms, ctx.sampling, k)
-        return Draft(tokens, probs)
+        return chain_draft(self.steps, ctx, k, self.vocab, self._embed(ctx), self._out)
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
-        """EAGLE-2's dynamic tree: each depth's chosen nodes run as pairs (d, the parent's output) in
-        one forward padded to top_k rows, at position T - 2 + depth."""
         assert self.tree is not None
-        embed = self._embed(ctx)
-        columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
-        outputs: dict[int, torch.Tensor] = {}
-        start = ctx.tokens.shape[0] - 2
-
-        def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
-            tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
-            parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
-                                   for n in nodes])  # (f, H)
-            positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
-            mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
-            out = self.steps(columns.padded(len(nodes)), embed(tokens), parents, positions, mask=mask)  # (f, H)
-            outputs.update(zip(nodes, out))
-            return self.vocab(out)  # (f, V)
-
-        draft, _ = grow(self.vocab(root)[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
-        return draft
+        return tree_draft(self.steps, ctx, k, self.tree, self.vocab, self._embed(ctx), root)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self.steps.kv.rollback(min(self._real, self.steps.length))
