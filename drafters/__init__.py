@@ -5,16 +5,20 @@ from __future__ import annotations
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle3 import Eagle3Drafter
+from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.mtp import MtpDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.retrieval import RetrievalDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.hookspecs import hookimpl
 from specdec.protocols import Drafter
 
-__all__ = ["DraftModelDrafter", "Eagle3Drafter", "EagleDrafter", "MedusaDrafter", "MtpDrafter", "NgramDrafter",
-           "specdec_register_drafters"]
+__all__ = ["DraftModelDrafter", "Eagle3Drafter", "EagleDrafter", "LookaheadDrafter", "MedusaDrafter", "MtpDrafter",
+           "NgramDrafter", "RetrievalDrafter", "SuffixDrafter", "specdec_register_drafters"]
 
 
 @hookimpl
 def specdec_register_drafters() -> list[type[Drafter]]:
-    return [NgramDrafter, DraftModelDrafter, MedusaDrafter, EagleDrafter, Eagle3Drafter, MtpDrafter]
+    return [NgramDrafter, DraftModelDrafter, MedusaDrafter, EagleDrafter, Eagle3Drafter, MtpDrafter, SuffixDrafter,
+            RetrievalDrafter, LookaheadDrafter]

@@ -1,17 +1,22 @@
 """`make demo`: every drafter of the zoo, side by side, on held-out code prompts.
 
-The first run builds the zoo (`specdec zoo build`: a tokenizer, a Qwen3-architecture target with
-an MTP module, a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained here on
-the standard library's source, with progress bars); later runs reuse it from the cache. Then each drafter
-decodes the same held-out prompts (a function signature and docstring, a class header, a
-half-written function) greedily with k draft tokens per step, interleaved with plain decoding
-of the same target; `eagle+tree` is the EAGLE head drafting EAGLE-2 token trees k deep instead
-of a chain (`docs/trees.md`). The table gives per drafter:
+The first run builds the zoo (`specdec zoo build`: a tokenizer, a 32-layer Qwen3-architecture
+target with an MTP module, a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained
+here on the standard library's source, and a retrieval datastore of that text, with progress
+bars); later runs reuse it from the cache. Then every drafter, the training-free ones (ngram,
+lookahead, suffix, retrieval) and the learned ones, decodes the same held-out prompts (a function
+signature and docstring, a class header, a half-written function) greedily with k draft tokens
+per step, interleaved with plain decoding of the same target, once drafting chains and once
+drafting token trees (NAME+tree, `docs/trees.md`). The table gives per drafter:
 
 - mean acc. len: tokens emitted per target forward, the bonus token included;
 - acceptance: accepted over drafted tokens;
 - speedup: plain decoding's time over the drafter's, for the same prompts and tokens;
 - same as plain: whether the tokens equal plain greedy decoding's (lossless: they must).
+
+Below the table, one line per drafter gives its draft tax, measured in the same rounds: one
+draft step's cost (a drafter forward; the whole draft for a model-free drafter) against one
+target forward of plain decoding, and what a draft of k tokens costs in target forwards.
 
 Tokens/s and speedup are wall-clock figures of small models on a CPU, where each forward's
 fixed cost is large; mean accepted length is the machine-independent number. Decoding runs on
@@ -36,11 +41,14 @@ from specdec import plugins, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.corpus import stdlib_corpus
 from specdec.prompts import code_prompts
+from specdec.bench.runner import forget
 from specdec.types import Stats, total_stats
+from specdec.zoo.costs import model_steps
 
 HEADER = ("drafter", "new tokens", "target forwards", "mean acc. len", "acceptance", "tokens/s", "speedup",
           "same as plain")
-DRAFTERS = ("ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "eagle+tree", "eagle3+tree")  # NAME+tree: its token-tree mode
+CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")
+DRAFTERS = tuple(label for name in CHAINS for label in (name, f"{name}+tree"))  # NAME+tree: its token-tree mode
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,9 @@ class Row:
 
 def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], drafter: Any, k: int, new_tokens: int,
            compile: bool) -> tuple[list[list[int]], Stats]:
-    """Greedy decoding of every prompt with `drafter` (None: plain); tokens and summed counters."""
+    """Greedy decoding of every prompt with `drafter` (None: plain); tokens and summed counters.
+    A drafter that remembers earlier generations (suffix) forgets the previous rounds first."""
+    forget(drafter)
     outputs, runs = [], []
     for prompt in prompts:
         result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
@@ -117,6 +127,28 @@ def table(rows: list[Row]) -> str:
     return "\n".join([render(cells[0]), "  ".join("-" * w for w in widths)] + [render(c) for c in cells[1:]])
 
 
+def draft_taxes(rows: list[Row], k: int) -> str:
+    """One line per drafter: one draft step's seconds against one plain target forward (from the
+    rows' own counters: drafting seconds per verify step, over the drafter forwards of a draft)."""
+    plain = next(r for r in rows if r.drafter == "plain").stats
+    forward = plain.verify_seconds / plain.steps  # one target forward of one token
+    lines = [f"Draft tax (one target forward: {forward * 1e3:.3f} ms):"]
+    for row in rows:
+        if row.drafter == "plain" or not row.stats.steps:
+            continue
+        name = row.drafter.partition("+")[0]
+        draft = row.stats.draft_seconds / row.stats.steps  # per verify step
+        forwards = model_steps(name, k) if "+" not in row.drafter else 0
+        if forwards:
+            step = draft / forwards
+            what = (f"one draft step {step * 1e3:.3f} ms = {step / forward:.3f} of a target forward; "
+                    f"a draft of {forwards} step{'s' if forwards > 1 else ''}")
+        else:
+            what = "the whole draft" + (" (a tree)" if "+" in row.drafter else "")
+        lines.append(f"  {row.drafter:<17} {what} costs {draft / forward:.2f} target forwards")
+    return "\n".join(lines)
+
+
 def losses(directory: Path) -> str:
     """The held-out losses the build recorded, one line."""
     record = zoo.manifest(directory)
@@ -170,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
           f"k = {args.k}, {args.new_tokens} new tokens each, {args.threads} thread(s), "
           f"{'eager' if args.eager else 'compiled'}; median of {args.repeats}:")
     print(table(rows))
+    print()
+    print(draft_taxes(rows, args.k))
     print(f"\nTotal {time.perf_counter() - began:.0f} s.")
     return 0 if all(r.same_as_plain for r in rows) else 1
 

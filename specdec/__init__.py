@@ -11,7 +11,7 @@ from specdec.plugins import drafter_names, make_drafter
 from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import CausalLM
-from specdec.types import Draft, Generation, Sampling, Stats, Verdict
+from specdec.types import Draft, ExtraRows, Generation, Sampling, Stats, Verdict
 
 __version__ = "0.1.0"
 
@@ -20,6 +20,7 @@ __all__ = [
     "Draft",
     "DraftContext",
     "Drafter",
+    "ExtraRows",
     "Generation",
     "Sampling",
     "Stats",

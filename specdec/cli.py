@@ -7,6 +7,7 @@
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
     specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli_verify)
     specdec trace [--target DIR] [--drafter SPEC] ["prompt"]     (specdec.cli_trace)
+    specdec datastore build FILES... --tokenizer DIR --out DIR   (specdec.cli_datastore)
 
 User errors print one line, `specdec: error: ...`, and exit with status 2.
 """
@@ -23,6 +24,7 @@ from typing import Any
 from specdec import plugins
 from specdec.cli_bench import add_bench_command
 from specdec.cli_common import CLIError, add_model_options, load_target, model_device, one_line, resolve_target
+from specdec.cli_datastore import add_datastore_commands
 from specdec.cli_export import add_export_command
 from specdec.cli_trace import add_trace_command
 from specdec.cli_train import add_train_command
@@ -213,6 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     add_verify_command(commands)
     add_trace_command(commands)
     add_export_command(commands)
+    add_datastore_commands(commands)
     return parser
 
 

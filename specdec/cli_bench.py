@@ -5,6 +5,7 @@
     specdec bench --prompts question.jsonl --k auto --temperature 0.7 --out results/
     specdec bench --target org/name --prompts question.jsonl --prompt-format raw   # no chat template
     specdec bench --engine both                     # every specdec row eager and compiled (default: compiled)
+    specdec bench --noise-bound 0.05 --max-repeats 12   # stricter about a busy machine's timings
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def _bench(args: argparse.Namespace) -> int:
                 print(f"specdec: skipping drafter {line}", file=sys.stderr)
         engine = "compiled" if args.compile else args.engine
         config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
-                             max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
                              seed=args.seed, peers=not args.no_peers,
                              prompts=Path(args.prompts) if args.prompts else None,
                              engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format)
@@ -116,8 +118,9 @@ def _bench(args: argparse.Namespace) -> int:
     settings = document["settings"]
     print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
           f"{config.max_new_tokens} new tokens, "
-          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, mean±std over "
-          f"{config.repeats} repeats, target {target}")
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, median±spread (IQR / "
+          f"median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading more than "
+          f"{config.noise_bound:.0%} ({document['rounds']} rounds run), target {target}")
     categories = sorted({r["category"] for r in records} - {"all"})
     print(table(records))
     if len(categories) > 1:
@@ -135,6 +138,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def add_bench_command(commands: Any) -> None:
     """Register `bench` under the top-level subparsers."""
+    from specdec.bench.report import NOISE_BOUND
     from specdec.chat import PROMPT_FORMATS
 
     bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
@@ -157,6 +161,12 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--top-p", type=float, default=1.0)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
+    bench.add_argument("--max-repeats", type=int, default=None, metavar="N",
+                       help="the most recorded rounds: rows whose timings still spread more than --noise-bound "
+                            "after --repeats rounds get more, up to N, then are flagged noisy (default 3 x --repeats)")
+    bench.add_argument("--noise-bound", type=float, default=NOISE_BOUND, metavar="SPREAD",
+                       help="a row is noisy when its tokens/s, speedup or vs eager spreads more than this: the "
+                            f"interquartile range over the rounds / the median (default {NOISE_BOUND})")
     bench.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (default 1)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")

@@ -51,14 +51,25 @@ def format_info(record: dict[str, Any], directory: Path) -> str:
              f"  built in {record['build_seconds']:.0f} s on {record['threads']} threads; trained on "
              f"{corpus['train_tokens']:,} tokens of {corpus['train_files']} files, held out "
              f"{corpus['heldout_files']} files ({corpus['heldout_tokens']:,} tokens)"]
-    header = ("piece", "parameters", "size MB", "held-out loss", "agreement", "mean acc. len (k=4)")
+    t1 = record.get("target_forward_seconds")
+    if t1 is not None:
+        costs = record.get("costs", {})
+        engine = "compiled" if costs.get("compiled") else "eager"
+        lines.append(f"  one target forward T(1) = {t1 * 1e3:.3f} ms ({engine} engine); draft costs of greedy "
+                     f"chains of k = {costs.get('k', 4)}")
+    header = ("piece", "parameters", "size MB", "held-out loss", "agreement", "mean acc. len (k=4)", "step ms",
+              "step / T(1)", "draft tax")
     rows = [header]
     for name, piece in record["pieces"].items():
         size = piece.get("bytes")
         agreement = (piece.get("heldout") or {}).get("agreement")
+        cost = piece.get("draft_cost") or {}
+        step = cost.get("step_seconds")
         rows.append((name, f"{piece['parameters']:,}" if "parameters" in piece else "-",
                      "-" if size is None else f"{size / 1e6:.1f}", _number(piece.get("heldout_loss"), 3),
-                     _number(agreement, 3), _number(piece.get("mean_accepted_length"), 2)))
+                     _number(agreement, 3), _number(piece.get("mean_accepted_length"), 2),
+                     "-" if step is None else f"{step * 1e3:.3f}", _number(cost.get("step_ratio"), 3),
+                     _number(cost.get("draft_tax"), 2)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for i, row in enumerate(rows):
         lines.append("  " + "  ".join(cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w)

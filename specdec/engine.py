@@ -44,6 +44,8 @@ class Engine:
         UNDECLARED_NODES for a drafter that declares none.
     declared: whether draft_nodes was declared; a declared budget pads every tree to it (one
         shape), an undeclared one to the next power of two (a few shapes).
+    extra_rows: the most rows a draft's `extra` holds (the drafter's `extra_rows()`, else 0);
+        a verify forward with extra rows pads them to this many, after the tree's rows.
     """
 
     compile: bool = False
@@ -51,6 +53,7 @@ class Engine:
     max_draft: int = 0
     draft_nodes: int = 0
     declared: bool = True
+    extra_rows: int = 0
 
     def tree_rows(self, nodes: int) -> int:
         """Rows of the verify forward of a tree of `nodes` nodes (the root's row included)."""
@@ -60,8 +63,9 @@ class Engine:
 
     @property
     def verify_rows(self) -> int:
-        """Rows of the widest verify forward: the last committed token and the largest draft."""
-        return max(self.max_draft, self.draft_nodes) + 1
+        """Rows of the widest verify forward: the last committed token, the largest draft and
+        the extra rows."""
+        return max(self.max_draft, self.draft_nodes) + 1 + self.extra_rows
 
     def capacity(self, extra: int = 0) -> int:
         """Positions of a static cache that holds the whole generation, the widest verify and

@@ -59,7 +59,8 @@ def generate(
     k = num_draft_tokens if resolved is not None else 0
     nodes = _draft_nodes(resolved, k)
     engine = Engine(compile=compile, max_length=prompt.shape[0] + max_new_tokens, max_draft=k,
-                    draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None)
+                    draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
+                    extra_rows=_extra_rows(resolved, k))
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():
@@ -84,6 +85,17 @@ def _draft_nodes(drafter: Drafter | None, k: int) -> int | None:
         raise DraftError(f"drafter {_drafter_name(drafter)!r}: max_draft_nodes({k}) must return an int >= 1, "
                          f"got {nodes!r}")
     return max(nodes, k)
+
+
+def _extra_rows(drafter: Drafter | None, k: int) -> int:
+    """The most extra rows the drafter's drafts carry, as its `extra_rows()` declares (0 without one)."""
+    declared = getattr(drafter, "extra_rows", None)
+    if drafter is None or k == 0 or not callable(declared):
+        return 0
+    rows = declared()
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise DraftError(f"drafter {_drafter_name(drafter)!r}: extra_rows() must return an int >= 0, got {rows!r}")
+    return rows
 
 
 def _check_count(field: str, value: object) -> None:

@@ -10,6 +10,11 @@ differ only in whether the fixed-shape steps underneath run compiled (`specdec.e
 Shapes stay fixed: a chain's verify is padded to k + 1 rows (one row when nothing was drafted),
 a tree's to its node budget, so a run compiles a few graphs whatever its drafts. A chain step
 reads back from the device once: the number accepted and where a stop id fell.
+
+A draft may carry extra rows (`Draft.extra`, e.g. lookahead decoding's Jacobi rows): they ride
+the same tree forward after the tree's rows, padded to the drafter's declared `extra_rows()`
+(a chain goes as a chain-shaped tree), their logits go back to the drafter in
+`ctx.extra_logits`, and `keep_path` drops them from the cache with the rejected nodes.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from specdec.sampling import probabilities
 from specdec.target import LAST_LAYER, CausalLM
 from specdec.tree_logits import TreeLogits
 from specdec.trace import Trace
-from specdec.trees import depths, first_path
+from specdec.trees import chain_parents, depths, first_path
 from specdec.types import Draft, Generation, Sampling, Verdict
 from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdict, validate_draft, verify_tree,
                               verify_tree_greedy)
@@ -58,6 +63,7 @@ class Run:
     ctx: DraftContext | None = None
     counters: Counters = field(default_factory=lambda: Counters(0))
     warned: bool = False  # the tree fallback's warning, once per run
+    warned_extra: bool = False  # the warning that extra rows are dropped, once per run
     layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
 
 
@@ -85,6 +91,7 @@ class Block:
     hidden: torch.Tensor | None
     shown: Any  # the logits the trace reads: [n + 1, V] for a chain, the TreeLogits of a tree
     seconds: float
+    extra_logits: torch.Tensor | None = None  # [m, V] the logits of the draft's extra rows
 
 
 def decode(run: Run) -> Generation:
@@ -131,7 +138,10 @@ def draft(run: Run) -> Proposal:
     tick = time.perf_counter()
     k = min(run.k, budget - 1)
     proposed = _call(run, "propose", run.ctx, k)
-    parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, values=False)
+    parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, values=False,
+                             extra_rows=run.engine.extra_rows)
+    if proposed.extra is not None:
+        proposed, parents = _with_extra(run, proposed, k, parents)
     if parents is not None:
         _check_tree(run, proposed, k, parents)
     if run.lm.cache_length != run.length - 1:
@@ -155,16 +165,20 @@ def verify(run: Run, proposal: Proposal) -> Block:
     # embedding (its fault is read back with the verdict, and nothing of it is committed)
     drafted = proposal.draft.tokens.clamp(0, run.lm.vocab_size - 1)  # (n,)
     run.tokens[run.length : run.length + n] = drafted
+    extra_logits = None
     if proposal.parents is None:
         verdict, stop_at, hidden, shown = _verify_chain(run, proposal, drafted)  # shown: logits [n + 1, V]
     else:
+        extra = proposal.draft.extra  # padded to the declared count: one shape for every draft
         tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
-                                   rows=run.engine.tree_rows(n), hidden=run.layers)
+                                   rows=run.engine.tree_rows(n), hidden=run.layers,
+                                   extra=None if extra is None else extra.padded(run.engine.extra_rows))
         verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator)
         stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop))
         hidden, shown = tree.states, tree
+        extra_logits = None if extra is None or tree.extra is None else tree.extra[: extra.tokens.shape[0]]
     emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
-    return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick)
+    return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick, extra_logits)
 
 
 def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
@@ -208,7 +222,7 @@ def commit(run: Run, proposal: Proposal, block: Block) -> float:
     committed = verdict.accepted_nodes[: min(verdict.num_accepted, m)]
     if proposal.nodes is not None:
         committed = tuple(proposal.nodes[i] for i in committed)
-    run.ctx = _context(run, hidden, committed)
+    run.ctx = _context(run, hidden, committed, block.extra_logits)
     if not proposal.proposed or not hasattr(run.drafter, "commit"):
         return 0.0
     tick = time.perf_counter()
@@ -255,13 +269,29 @@ def first_stop(out: torch.Tensor, num_accepted: torch.Tensor, stop: torch.Tensor
 
 
 def _check_tree(run: Run, proposed: Draft, k: int, parents: list[int]) -> None:
-    """A tree's values (it is walked on the host, so they are read now) and its size."""
-    validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name)
+    """A tree's values and its extra rows' (it is walked on the host, so they are read now) and its size."""
+    validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, extra_rows=run.engine.extra_rows)
     if len(parents) > run.engine.draft_nodes:
         said = f"its max_draft_nodes({run.k}) is" if run.engine.declared else \
             "a drafter that declares no max_draft_nodes(k) may draft at most"
         raise DraftError(f"drafter {run.name!r} returned a tree of {len(parents)} nodes, but {said} "
                          f"{run.engine.draft_nodes}; declare the largest tree it drafts (max_draft_nodes)")
+
+
+def _with_extra(run: Run, proposed: Draft, k: int, parents: list[int] | None
+                ) -> tuple[Draft, list[int] | None]:
+    """A draft with extra rows: a chain becomes a chain-shaped tree, so the rows ride its tree
+    forward (`_check_tree` then checks their values). A target that cannot run a tree forward
+    drops them, checked first (warned once per run); the drafter then reads ctx.extra_logits = None."""
+    if run.lm.tree_obstacle is not None:
+        validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, extra_rows=run.engine.extra_rows)
+        if not run.warned_extra:
+            warnings.warn(f"specdec: {type(run.lm.model).__name__} cannot run the extra rows of drafter "
+                          f"{run.name!r} in its verify forward: {run.lm.tree_obstacle}; they are dropped "
+                          "(the drafter reads ctx.extra_logits = None)", stacklevel=5)
+            run.warned_extra = True
+        return Draft(proposed.tokens, proposed.probs, proposed.parents), parents
+    return proposed, parents if parents is not None else chain_parents(proposed.tokens.shape[0])
 
 
 def _first_path(run: Run, proposed: Draft, parents: list[int]) -> tuple[Draft, list[int]]:
@@ -285,9 +315,10 @@ def _verify_tree(tree: TreeLogits, draft_: Draft, parents: list[int], sampling: 
                        generator)
 
 
-def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...]) -> DraftContext:
+def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...],
+             extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(run.tokens[: run.length], run.sampling, run.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine)
+                        accepted, run.engine, extra_logits)
 
 
 def _call(run: Run, method: str, *args: Any) -> Any:

@@ -36,6 +36,10 @@ class DraftContext:
     engine: how this generation runs its models: whether fixed-shape steps are compiled, the
         longest the committed sequence gets and the loop's k (`specdec.engine.Engine`), for a
         drafter that keeps a static cache (`engine.capacity(...)`) or compiles its own step.
+    extra_logits: FloatTensor [m, V], the target's raw logits (before any sampling) at the m
+        extra rows of the draft just verified (`Draft.extra`), in its order, padding left
+        out; None when that draft carried none or the target could not run them. The same
+        value is passed to `commit` and to the next `propose`.
     """
 
     tokens: torch.Tensor
@@ -46,6 +50,7 @@ class DraftContext:
     hidden_states: torch.Tensor | None = None
     accepted: tuple[int, ...] = ()
     engine: Engine = Engine()
+    extra_logits: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -62,11 +67,19 @@ class Drafter(Protocol):
           declares it so the verify forward keeps one shape: the target's cache is sized for it
           and every tree is padded to it. Without it trees hold at most
           `specdec.engine.UNDECLARED_NODES` nodes, padded to the next power of two.
+      forget() -> None: a drafter that learns across generations (a suffix tree of earlier
+          outputs) drops what it learned, as a fresh instance; benchmarks call it before each
+          round, so no round drafts from an earlier round's answers to the same prompts.
       hidden_layers(target) -> tuple[int, ...]: with uses_hidden_states, the target layers whose
           hidden states the drafter reads, called once per generation before the target's
           prefill. Indices are those of transformers' `hidden_states`: 0 is the embeddings, i
           the residual stream entering layer i, target.num_layers the post-norm last layer (the
           default). EAGLE-3 reads three.
+      extra_rows() -> int: the most rows a draft's `extra` holds (`specdec.types.ExtraRows`).
+          A drafter declares it to ride rows of its own in the verify forward (lookahead's
+          Jacobi rows): every such forward pads them to this many, and the cache is sized for
+          them. Their logits come back in ctx.extra_logits; they never enter the cache or the
+          verdict. Targets that cannot run a tree forward drop them, with a warning.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
 
     A draft with `parents` is a tree whose depth is at most k and whose size is at most

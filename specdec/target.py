@@ -25,6 +25,7 @@ from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state
 from specdec.engine import Step, step_for
 from specdec.tree_logits import TreeLogits, head_reproduces
 from specdec.trees import additive_mask, ancestor_mask, depths
+from specdec.types import ExtraRows
 
 __all__ = ["LAST_LAYER", "CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
 
@@ -210,42 +211,58 @@ class CausalLM:
         return self._kv.mask_width(rows)
 
     def forward_tree(self, input_ids: torch.Tensor, parents: list[int], rows: int | None = None,
-                     hidden: tuple[int, ...] = ()) -> TreeLogits:
+                     hidden: tuple[int, ...] = (), extra: ExtraRows | None = None) -> TreeLogits:
         """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
         committed token) then the n nodes, `parents` their parent indices (-1 = the root).
 
         Each row sees the prefix, its ancestors and itself, at position cached + depth. `rows`
         pads the forward to a fixed node budget (pad nodes hang off the root, unseen by the
-        others). All rows are appended to the cache; `keep_path` then keeps the accepted ones.
-        The result gives each row's logits on demand, the last layer's hidden states [n + 1, H]
-        and those of the layers `hidden` names (`TreeLogits.states`, as `forward` returns them).
+        others). `extra` rows (a drafter's own, `ExtraRows`) follow the tree's rows: each sees
+        the prefix, the root, itself and the extra rows its `visible` names, at position cached
+        + its offset (clamped to a learned position table), and no tree row sees them. All rows
+        are appended to the cache; `keep_path` then keeps the accepted ones.
+        The result gives each row's logits on demand, the last layer's hidden states [n + 1, H],
+        those of the layers `hidden` names (`TreeLogits.states`, as `forward` returns them) and
+        the extra rows' logits (`TreeLogits.extra`, [m, V]).
         """
         n = len(parents)
         width = max(rows or 0, n + 1)
         if width > n + 1:
             parents = list(parents) + [-1] * (width - n - 1)
             input_ids = torch.cat([input_ids, input_ids.new_zeros(width - n - 1)])
+        m = 0 if extra is None else extra.tokens.shape[0]
         base = self.cache_length
-        visible = torch.zeros(width, self.mask_width(width), dtype=torch.bool, device=self.device)
+        visible = torch.zeros(width + m, self.mask_width(width + m), dtype=torch.bool, device=self.device)
         visible[:, :base] = True
-        visible[:, base : base + width] = ancestor_mask(parents, device=self.device)  # (width, width)
+        visible[:width, base : base + width] = ancestor_mask(parents, device=self.device)  # (width, width)
         positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (width,)
-        # the root's row only, once the model is known to compute logits as lm_head(hidden states);
-        # every row the first time (to check that, eagerly) and always for models that do not
+        if extra is not None:
+            input_ids = torch.cat([input_ids, extra.tokens])  # (width + m,)
+            visible[width:, base] = True  # the root
+            visible[width:, base + width : base + width + m] = extra.visible | torch.eye(
+                m, dtype=torch.bool, device=self.device)  # (m, m)
+            positions = torch.cat([positions, extra.positions + base])  # (width + m,)
+            if self.learned_positions and self.max_positions:
+                positions = positions.clamp(max=self.max_positions - 1)
+        # the root's and the extra rows' only, once the model is known to compute logits as
+        # lm_head(hidden states); every row the first time (to check that, eagerly) and always
+        # for models that do not
         known = self._lazy_head is not None
-        keep: int | torch.Tensor = torch.zeros(1, dtype=torch.long, device=self.device) if self._lazy_head \
-            else width
+        keep: int | torch.Tensor = torch.cat([torch.zeros(1, dtype=torch.long, device=self.device),
+                                              torch.arange(width, width + m, device=self.device)]) \
+            if self._lazy_head else width + m
         extra_layers = () if hidden == (LAST_LAYER,) else hidden  # the last layer is taken once
         logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=(LAST_LAYER, *extra_layers),
                                           step=known)
         assert out is not None
         states = out[: n + 1, : self.hidden_size]  # (n + 1, H)
-        extra = (out[: n + 1, self.hidden_size :] if extra_layers else states) if hidden else None
+        layers = (out[: n + 1, self.hidden_size :] if extra_layers else states) if hidden else None
+        extra_logits = logits[-m:] if m else None  # (m, V)
         if self._lazy_head is None:
             self._lazy_head = head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
-            return TreeLogits(states, self.lm_head, logits[: n + 1], states=extra)
-        return TreeLogits(states, self.lm_head, None, logits[0], extra) if self._lazy_head else \
-            TreeLogits(states, self.lm_head, logits[: n + 1], states=extra)
+            return TreeLogits(states, self.lm_head, logits[: n + 1], states=layers, extra=extra_logits)
+        return TreeLogits(states, self.lm_head, None, logits[0], layers, extra_logits) if self._lazy_head else \
+            TreeLogits(states, self.lm_head, logits[: n + 1], states=layers, extra=extra_logits)
 
     def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
                        keep: int | torch.Tensor, hidden: tuple[int, ...] = (), step: bool = True

@@ -12,12 +12,15 @@ __all__ = ["TreeLogits", "head_reproduces"]
 
 class TreeLogits:
     """The logits of a tree forward's n + 1 rows, a row at a time on demand; the root's row
-    comes with the forward, and `full` holds every row when the model computed them all."""
+    comes with the forward, and `full` holds every row when the model computed them all.
+    `extra`: the logits of the drafter's extra rows that rode after the tree's, if any."""
 
     def __init__(self, hidden: torch.Tensor, head: nn.Module, full: torch.Tensor | None,
-                 root: torch.Tensor | None = None, states: torch.Tensor | None = None) -> None:
+                 root: torch.Tensor | None = None, states: torch.Tensor | None = None,
+                 extra: torch.Tensor | None = None) -> None:
         self.hidden = hidden  # (n+1, H) last-layer, post-final-norm
         self.states = states  # (n+1, m * H): the hidden states of the layers a drafter asked for
+        self.extra = extra  # (m, V): the logits of the extra rows after the tree's (`ExtraRows`), if any
         self._head = head
         self._full = full  # (n+1, V) when every row was computed by the model
         self._rows: dict[int, torch.Tensor] = {} if root is None else {0: root}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Sampling", "Draft", "Verdict", "Stats", "Generation", "total_stats"]
+__all__ = ["Sampling", "Draft", "ExtraRows", "Verdict", "Stats", "Generation", "total_stats"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,34 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class ExtraRows:
+    """Rows a drafter rides along in the verify forward: the target runs them, the drafter reads
+    their logits back (`DraftContext.extra_logits`), nothing of them is ever committed.
+
+    tokens: LongTensor [m], the rows' ids.
+    positions: LongTensor [m], each row's position as an offset >= 1 after the last committed
+        token (the root, offset 0).
+    visible: BoolTensor [m, m]; visible[i, j]: row i attends to row j. Every row also sees the
+        cached prefix, the root and itself; it sees no draft node and no draft node sees it.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    visible: torch.Tensor
+
+    def padded(self, rows: int) -> ExtraRows:
+        """These rows then pad rows up to `rows` (id 0 at offset 1, seeing only the prefix, the
+        root and themselves), so every verify forward keeps one shape."""
+        m = self.tokens.shape[0]
+        if rows <= m:
+            return self
+        visible = torch.zeros(rows, rows, dtype=torch.bool, device=self.visible.device)
+        visible[:m, :m] = self.visible
+        return ExtraRows(torch.cat([self.tokens, self.tokens.new_zeros(rows - m)]),
+                         torch.cat([self.positions, self.positions.new_ones(rows - m)]), visible)
+
+
+@dataclass(frozen=True)
 class Draft:
     """Proposed tokens: a chain, or a tree of candidates verified in one target forward.
 
@@ -54,11 +82,15 @@ class Draft:
             without are distinct deterministic candidates, e.g. a top-k.
     parents: LongTensor [n] or None. parents[i] is the index of node i's parent, or -1 when
             it continues the last committed token; None means a chain (parents = i - 1).
+    extra: rows to run in the same target forward for the drafter's own use (`ExtraRows`,
+            e.g. lookahead decoding's Jacobi rows), or None. They never touch the verdict; a
+            draft that carries them is verified as a tree (a chain as a chain-shaped tree).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     parents: torch.Tensor | None = None
+    extra: ExtraRows | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -38,7 +38,8 @@ def spec_bench_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bench_run(quick_zoo: Path, spec_bench_file: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("bench")
     code = cli.main(["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--prompts", str(spec_bench_file),
-                     "--k", str(K), "auto", "--repeats", "2", "--warmup", "1", "--max-new-tokens", str(NEW),
+                     "--k", str(K), "auto", "--repeats", "2", "--max-repeats", "2", "--warmup", "1",
+                     "--max-new-tokens", str(NEW),
                      "--engine", "eager", "--out", str(out), "--no-progress"])  # compiled rows: the test below
     return code, out, json.loads((out / "results.json").read_text())
 
@@ -53,7 +54,7 @@ def test_bench_writes_table_json_csv_and_plots(bench_run, capsys: pytest.Capture
     for name in ("speedup.png", "acceptance_per_position.png", "mean_accepted_length_vs_k.png"):
         assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert len(rows) == len(document["records"]) and "speedup_mean" in rows[0]
+    assert len(rows) == len(document["records"]) and {"speedup_median", "speedup_spread", "noisy"} <= set(rows[0])
 
 
 def test_records_cover_every_contender_and_category(bench_run):
@@ -66,40 +67,42 @@ def test_records_cover_every_contender_and_category(bench_run):
     assert {"hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted"} <= set(labels)
     assert {r["category"] for r in records} == {"coding", "docs", "all"}
     for record in records:
+        assert isinstance(record["noisy"], bool) and record["rounds"] == 2, record["contender"]
         for measure in MEASURES:
-            assert set(record[measure]) == {"mean", "std"}, (record["contender"], measure)
+            assert set(record[measure]) == {"median", "spread", "rounds"}, (record["contender"], measure)
 
 
 def test_figures_are_consistent_with_the_runs(bench_run):
     _, _, document = bench_run
     for r in document["records"]:
-        mal = r["mean_accepted_length"]["mean"]
+        mal = r["mean_accepted_length"]["median"]
         if r["contender"] in ("plain", "hf-plain"):
             assert mal == pytest.approx(1.0, abs=0.01), r["contender"]
         if r["drafter"] is not None:
             k = 12 if r["k"] == "auto" else r["k"]
             assert 1.0 <= mal <= k + 1, r["contender"]
-            assert 0.0 <= r["acceptance_rate"]["mean"] <= 1.0  # accepted <= drafted
+            assert 0.0 <= r["acceptance_rate"]["median"] <= 1.0  # accepted <= drafted
             assert all(v is None or 0 <= v <= 1 for v in r["acceptance_per_position"])
             assert r["same_as_plain"] is True, r["contender"]  # greedy: lossless
-            assert r["ideal_speedup"]["mean"] > 0 and 0 <= r["draft_share"]["mean"] <= 1
-            shares = r["draft_share"]["mean"] + r["verify_share"]["mean"]
+            assert r["ideal_speedup"]["median"] > 0 and 0 <= r["draft_share"]["median"] <= 1
+            shares = r["draft_share"]["median"] + r["verify_share"]["median"]
             assert shares <= 1.0 + 1e-6
         assert r["new_tokens"] == NEW * r["runs"], r["contender"]
-        assert r["speedup"]["mean"] > 0
+        assert r["speedup"]["median"] > 0
     trees = [r for r in document["records"] if r["tree"] and r["category"] == "all"]
     assert trees and all(r["contender"].endswith(("+tree:k=3", "+tree:k=auto")) for r in trees)
     for r in document["records"]:
         if r["drafter"] is not None:
-            assert r["draft_size"]["mean"] > 0 and r["verify_ms"]["mean"] > 0, r["contender"]
+            assert r["draft_size"]["median"] > 0 and r["verify_ms"]["median"] > 0, r["contender"]
     wide = [r for r in trees if r["k"] == K and r["drafter"] in ("eagle", "mtp", "draft-model", "medusa")]
-    assert all(r["draft_size"]["mean"] > K for r in wide)  # more nodes than a chain's k
+    assert all(r["draft_size"]["median"] > K for r in wide)  # more nodes than a chain's k
     assert document["tree_forward_costs"]["eager"] and all(v > 0 for v in document["tree_forward_costs"]["eager"].values())
     assert list(document["forward_costs"]) == ["eager"] and document["compile_seconds"] > 0  # hf-static compiles
     auto = [r for r in document["records"] if r["k"] == "auto" and r["category"] == "all"]
     assert all(1 <= r["mean_draft_length"] <= 12 for r in auto)
     plain = next(r for r in document["records"] if r["contender"] == "plain" and r["category"] == "all")
     assert plain["runs"] == 2 * 3  # repeats x turns; the warm-up round is not recorded
+    assert document["rounds"] == 2 and document["settings"]["repeat_limit"] == 2  # --max-repeats 2: no extra round
 
 
 def test_both_engines_side_by_side_each_row_over_plain_on_its_own_engine(quick_zoo: Path, spec_bench_file: Path,
@@ -117,14 +120,14 @@ def test_both_engines_side_by_side_each_row_over_plain_on_its_own_engine(quick_z
     for label, record in records.items():
         assert record["engine"] == ("compiled" if label.endswith("@compiled") else "eager")
         assert record["same_as_plain"] is True, label
-    assert records["plain@compiled"]["speedup"]["mean"] == pytest.approx(1.0)  # over itself
-    assert records["plain"]["speedup_over_eager"]["mean"] == pytest.approx(1.0)
+    assert records["plain@compiled"]["speedup"]["median"] == pytest.approx(1.0)  # over itself
+    assert records["plain"]["speedup_over_eager"]["median"] == pytest.approx(1.0)
     assert records["plain@compiled"]["compile_seconds"] > 0 and records["plain"]["compile_seconds"] == 0
     for label in ("ngram", "draft-model"):  # each compiled row is over compiled plain
         compiled, plain = records[f"{label}@compiled"], records["plain@compiled"]
-        ratio = plain["tokens_per_second"]["mean"] / compiled["tokens_per_second"]["mean"]
-        assert compiled["speedup"]["mean"] == pytest.approx(1 / ratio, rel=0.35)
-        assert compiled["ideal_speedup"]["mean"] > 0
+        ratio = plain["tokens_per_second"]["median"] / compiled["tokens_per_second"]["median"]
+        assert compiled["speedup"]["median"] == pytest.approx(1 / ratio, rel=0.35)
+        assert compiled["ideal_speedup"]["median"] > 0
 
 
 def test_turns_carry_the_previous_answer():

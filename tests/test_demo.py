@@ -56,8 +56,8 @@ def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
 def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
     code, rows, output = quick_run
     assert code == 0, output
-    assert [r["drafter"] for r in rows] == ["plain", "ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp",
-                                               "eagle+tree", "eagle3+tree"]
+    chains = ["ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp"]
+    assert [r["drafter"] for r in rows] == ["plain", *[label for name in chains for label in (name, f"{name}+tree")]]
     assert all(int(r["new tokens"]) == 3 * NEW_TOKENS for r in rows)  # three prompts, one per category
 
 
@@ -83,3 +83,19 @@ def test_output_names_the_zoo_and_shows_a_held_out_prompt(quick_run, quick_zoo: 
     _, _, output = quick_run
     assert str(quick_zoo) in output and "held-out loss" in output
     assert "Held-out prompt" in output
+
+
+def test_a_draft_tax_line_per_drafter(quick_run):
+    _, rows, output = quick_run
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Draft tax (one target forward: "))
+    taxes = {line.split()[0]: line for line in lines[start + 1 : start + len(rows)]}
+    assert list(taxes) == [r["drafter"] for r in rows[1:]]
+    for label, line in taxes.items():
+        forwards = float(line.split(" costs ")[1].split()[0])
+        assert forwards > 0, line
+        if label in ("draft-model", "eagle", "eagle3", "mtp"):  # k drafter forwards per draft
+            ratio = float(line.split(" = ")[1].split()[0])
+            assert ratio == pytest.approx(forwards / K, abs=2e-3), line
+        elif "+" in label or label in ("ngram", "lookahead", "suffix", "retrieval"):
+            assert "the whole draft" in line, line

@@ -18,6 +18,7 @@ from specdec import cli, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.corpus import stdlib_corpus
 from specdec.drafters.eagle import load_eagle
+from specdec.datastore import open_datastore
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.medusa import load_medusa
 from specdec.drafters.mtp import load_mtp
@@ -32,6 +33,7 @@ from specdec.training.mtp import MtpStudent, create_mtp_head
 from specdec.zoo.store import staging
 
 LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
+TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
 
 def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
@@ -41,11 +43,22 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
     for piece, directory in zoo.PIECES.items():
         assert (quick_zoo / directory).is_dir(), piece
     pieces = record["pieces"]
-    assert set(pieces) == {"tokenizer", "target", *LEARNED, "ngram"}
+    assert set(pieces) == {"tokenizer", "target", *LEARNED, *TRAINING_FREE}
     for name in ("target", *LEARNED):
         assert pieces[name]["parameters"] > 0 and 0 < pieces[name]["heldout_loss"] < 10, name
-    for name in (*LEARNED, "ngram"):
+    for name in (*LEARNED, *TRAINING_FREE):
         assert 1.0 <= pieces[name]["mean_accepted_length"] <= 5.0, name
+    assert record["target_forward_seconds"] > 0 and record["costs"]["k"] == 4
+    for name in (*LEARNED, *TRAINING_FREE):  # every drafter's draft tax, per drafter forward where it has one
+        cost = pieces[name]["draft_cost"]
+        assert cost["draft_seconds"] > 0 and cost["draft_tax"] == pytest.approx(
+            cost["draft_seconds"] / record["target_forward_seconds"]), name
+        if name in TRAINING_FREE:
+            assert cost["model_steps"] == 0 and cost["step_seconds"] is None, name
+        else:
+            assert cost["model_steps"] == (1 if name == "medusa" else 4), name
+            assert cost["step_ratio"] == pytest.approx(cost["draft_tax"] / cost["model_steps"]), name
+    open_datastore(quick_zoo / "datastore").check_vocab(512)
     assert pieces["target"]["heldout_loss"] < pieces["draft-model"]["heldout_loss"]
     assert record["corpus"]["heldout_files"] >= 0.05 * (record["corpus"]["train_files"] + record["corpus"]["heldout_files"])
     assert not list(quick_zoo.parent.glob(".*.partial"))
@@ -89,8 +102,8 @@ def test_each_piece_reloads_through_its_drafter_and_keeps_greedy_parity(quick_zo
         expected = hf_greedy(model, prompt, 20)
         for name, options in zoo.drafter_options(quick_zoo).items():
             tree = specdec.plugins.drafter_class(name).tree_options
-            for mode in ({}, tree):  # the chain, then the drafter's token trees
-                drafter = specdec.make_drafter(name, **options, **mode)
+            for mode in ({}, tree):  # the zoo's mode (a chain), then the drafter's token trees
+                drafter = specdec.make_drafter(name, **{**options, **mode})
                 result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20)
                 assert result.tokens == expected, (name, mode)
                 assert result.stats.drafted > 0, (name, mode)

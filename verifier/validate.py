@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.types import Draft
+from specdec.types import Draft, ExtraRows
 
 __all__ = ["DraftError", "draft_faults", "validate_draft"]
 
@@ -22,9 +22,10 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torch.device,
-                   drafter: str, values: bool = True) -> list[int] | None:
+                   drafter: str, values: bool = True, extra_rows: int = 0) -> list[int] | None:
     """Raise DraftError unless `draft` is a Draft of in-vocabulary ids on `device`, with `probs`
-    either None or [n, V] finite, normalised rows giving each token q > 0.
+    either None or [n, V] finite, normalised rows giving each token q > 0, and `extra` None or
+    at most `extra_rows` well-formed rows (`ExtraRows`: in-vocabulary ids, offsets >= 1).
 
     A chain holds at most `max_tokens` ids; a tree (`parents` given) any number of nodes in
     topological order, at most `max_tokens` deep. Returns the parents as a list (None for a chain).
@@ -33,6 +34,8 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
     """
     if not isinstance(draft, Draft):
         raise _fail(drafter, f"expected a specdec.Draft, got {type(draft).__name__}")
+    if draft.extra is not None:
+        _check_extra(draft.extra, extra_rows, vocab_size, device, drafter, values)
     tokens, probs = draft.tokens, draft.probs
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1:
         shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
@@ -92,6 +95,41 @@ def draft_faults(draft: Draft, vocab_size: int) -> torch.Tensor:
         normalised = ((probs.sum(-1) - 1).abs() <= _tolerance(probs.dtype)).all()
         bad = bad | ~torch.isfinite(probs).all() | (probs < 0).any() | ~normalised | (q_d <= 0).any()
     return bad
+
+
+def _check_extra(extra: object, limit: int, vocab_size: int, device: torch.device, drafter: str,
+                 values: bool) -> None:
+    """Extra rows: tokens and positions LongTensor [m], visible BoolTensor [m, m], on `device`,
+    m <= limit; with `values`, ids in [0, V) and position offsets >= 1."""
+    if not isinstance(extra, ExtraRows):
+        raise _fail(drafter, f"extra must be a specdec.types.ExtraRows or None, got {type(extra).__name__}")
+    tensors = {"tokens": extra.tokens, "positions": extra.positions, "visible": extra.visible}
+    for field, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise _fail(drafter, f"extra.{field} must be a tensor, got {type(tensor).__name__}")
+        if tensor.device != device:
+            raise _fail(drafter, f"extra.{field} is on {tensor.device}, the target on {device}")
+    tokens, positions, visible = extra.tokens, extra.positions, extra.visible
+    if tokens.dim() != 1 or tokens.dtype != torch.long:
+        raise _fail(drafter, f"extra.tokens must be a 1-D LongTensor [m], got {tuple(tokens.shape)} {tokens.dtype}")
+    m = tokens.shape[0]
+    if tuple(positions.shape) != (m,) or positions.dtype != torch.long:
+        raise _fail(drafter, f"extra.positions must be a LongTensor [m={m}], got {tuple(positions.shape)} "
+                             f"{positions.dtype}")
+    if tuple(visible.shape) != (m, m) or visible.dtype != torch.bool:
+        raise _fail(drafter, f"extra.visible must be a BoolTensor [m={m}, m={m}], got {tuple(visible.shape)} "
+                             f"{visible.dtype}")
+    if m > limit:
+        said = f"its extra_rows() is {limit}" if limit else "it declares no extra_rows()"
+        raise _fail(drafter, f"{m} extra rows, but {said}; declare the most extra rows a draft carries")
+    if not values or m == 0:
+        return
+    bad = [t for t in tokens.tolist() if not 0 <= t < vocab_size]
+    if bad:
+        raise _fail(drafter, f"extra token id(s) {bad} outside the vocabulary [0, {vocab_size})")
+    low = [p for p in positions.tolist() if p < 1]
+    if low:
+        raise _fail(drafter, f"extra position offset(s) {low} below 1 (offset 0 is the last committed token)")
 
 
 def _tree_parents(parents: object, n: int, max_depth: int, drafter: str) -> list[int] | None:

@@ -1,5 +1,6 @@
-"""The bench's PNG plots (matplotlib, no display needed): speedup per contender with its ideal
-beside it, acceptance per draft position, and mean accepted length against k."""
+"""The bench's PNG plots (matplotlib, no display needed): speedup per contender (median over
+rounds, the interquartile range as its error bar, noisy rows hatched) with its ideal beside it,
+acceptance per draft position, and mean accepted length against k."""
 
 from __future__ import annotations
 
@@ -7,11 +8,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.report import quartiles
+
 __all__ = ["write_plots"]
+
+MEASURED, IDEAL, NOISY = "#3b6ea5", "#b9c9dd", "#c0392b"  # bar colours; NOISY edges a noisy row's hatched bar
 
 
 def _all(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["category"] == "all"]
+
+
+def _quartile_errors(measure: dict[str, Any]) -> tuple[float, float]:
+    """(median - Q1, Q3 - median) over the rounds: an error bar spanning the interquartile range."""
+    present = [v for v in measure["rounds"] if v is not None]
+    if not present:
+        return 0.0, 0.0
+    q1, median, q3 = quartiles(present)
+    return median - q1, q3 - median
 
 
 def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path]:
@@ -20,6 +34,7 @@ def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.patches import Patch
 
     directory.mkdir(parents=True, exist_ok=True)
     rows = _all(records)
@@ -27,15 +42,24 @@ def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path
 
     figure, axes = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
     xs = list(range(len(rows)))
-    measured = [r["speedup"]["mean"] or 0 for r in rows]
-    errors = [r["speedup"]["std"] or 0 for r in rows]
-    ideal = [r["ideal_speedup"]["mean"] or 0 for r in rows]
-    axes.bar([x - 0.2 for x in xs], measured, 0.4, yerr=errors, label="measured", color="#3b6ea5")
-    axes.bar([x + 0.2 for x in xs], ideal, 0.4, label="ideal: MAL·T(1)/(T(k+1)+T_draft)", color="#b9c9dd")
+    measured = [r["speedup"]["median"] or 0 for r in rows]
+    spans = [_quartile_errors(r["speedup"]) for r in rows]
+    errors = [[low for low, _ in spans], [high for _, high in spans]]  # (2, rows): below and above the median
+    ideal = [r["ideal_speedup"]["median"] or 0 for r in rows]
+    bars = axes.bar([x - 0.2 for x in xs], measured, 0.4, yerr=errors, color=MEASURED)
+    axes.bar([x + 0.2 for x in xs], ideal, 0.4, color=IDEAL)
+    handles = [Patch(color=MEASURED, label="measured (median, IQR)"),
+               Patch(color=IDEAL, label="ideal: MAL·T(1)/(T(k+1)+T_draft)")]
+    noisy = [(bar, r) for bar, r in zip(bars, rows) if r["noisy"]]
+    for bar, _ in noisy:  # a noisy row: hatched and pale, named in the legend
+        bar.set(hatch="//", alpha=0.45, edgecolor=NOISY)
+    if noisy:
+        handles.append(Patch(facecolor=MEASURED, alpha=0.45, hatch="//", edgecolor=NOISY,
+                             label=f"noisy (spread > {noisy[0][1]['noise_bound']:.0%})"))
     axes.axhline(1.0, color="grey", linewidth=0.8)
     axes.set_xticks(xs, [f"{r['contender']}" for r in rows], rotation=30, ha="right")
     axes.set_ylabel("speedup over plain decoding")
-    axes.legend()
+    axes.legend(handles=handles)
     figure.tight_layout()
     written.append(directory / "speedup.png")
     figure.savefig(written[-1], dpi=120)
@@ -60,7 +84,7 @@ def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path
     by_drafter: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r["drafter"] and isinstance(r["k"], int) and r["peer"] is None:
-            by_drafter.setdefault(r["drafter"], []).append((r["k"], r["mean_accepted_length"]["mean"]))
+            by_drafter.setdefault(r["drafter"], []).append((r["k"], r["mean_accepted_length"]["median"]))
     for name, points in sorted(by_drafter.items()):
         points.sort()
         axes.plot([k for k, _ in points], [m for _, m in points], marker="o", label=name)

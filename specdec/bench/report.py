@@ -1,6 +1,7 @@
-"""From runs to figures: one record per contender × category (and "all"), each measure with
-its mean and spread (sample standard deviation) over the repeats; the terminal table, the CSV
-and the JSON document built from those records."""
+"""From runs to figures: one record per contender × category (and "all"), each measure as its
+median over the rounds with a robust spread (the interquartile range over the median, `spread`)
+and every round's value; a record is `noisy` when a timed figure (NOISE_MEASURES) spreads more
+than a stated bound. The terminal table, the CSV and the JSON document built from those records."""
 
 from __future__ import annotations
 
@@ -15,18 +16,44 @@ from specdec.bench.costs import ideal_speedup
 from specdec.bench.runner import Contender, Run
 from specdec.types import Stats, total_stats
 
-__all__ = ["MEASURES", "SCHEMA", "csv_text", "summarize", "table", "tree_sizes"]
+__all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "noisy_contenders", "quartiles",
+           "summarize", "table", "tree_sizes"]
 
-SCHEMA = "specdec-bench/2"
+SCHEMA = "specdec-bench/3"
 MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "speedup_over_eager",
             "ideal_speedup", "ideal_ratio", "draft_share", "verify_share", "draft_size", "verify_ms")
+NOISE_BOUND = 0.10  # a row is noisy when a NOISE_MEASURES figure's spread (IQR / median over rounds) exceeds this
+NOISE_MEASURES = ("tokens_per_second", "speedup", "speedup_over_eager")  # the timed figures the flag judges
 
 
-def _spread(values: list[float | None]) -> dict[str, float | None]:
-    present = [v for v in values if v is not None and not math.isnan(v)]
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile), interpolated between the sorted values
+    (`statistics.quantiles(method="inclusive")`); a single value is all three."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def _over_rounds(values: Sequence[float | None]) -> dict[str, Any]:
+    """A measure over rounds: `median`, `spread` = (Q3 - Q1) / |median| (None with fewer than two
+    rounds, or a zero median with values apart), and `rounds`, each round's value (None: none).
+
+    The interquartile range ignores the most extreme quarter of rounds on each side, so one slow
+    round among five moves neither figure, and more rounds can narrow it (a range cannot)."""
+    rounds = [None if v is None or math.isnan(v) else v for v in values]
+    present = [v for v in rounds if v is not None]
     if not present:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(present), "std": statistics.stdev(present) if len(present) > 1 else 0.0}
+        return {"median": None, "spread": None, "rounds": rounds}
+    q1, median, q3 = quartiles(present)
+    spread = None
+    if len(present) > 1:
+        spread = 0.0 if q3 == q1 else (q3 - q1) / abs(median) if median else None
+    return {"median": median, "spread": spread, "rounds": rounds}
+
+
+def _noisy(record: dict[str, Any], bound: float) -> bool:
+    return any(record[m]["spread"] is not None and record[m]["spread"] > bound for m in NOISE_MEASURES)
 
 
 def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, float] | None,
@@ -65,12 +92,12 @@ def _figures(stats: Stats, plain: Stats, contender: Contender, costs: dict[int, 
 
 
 def _groups(runs: Sequence[Run], contender: Contender) -> list[tuple[str, list[Stats]]]:
-    """(category, the stats of one repeat) for every category ("all" included) and repeat: the
-    groups each record's figures are computed over."""
+    """(category, the stats of one round) for every category ("all" included) and every round the
+    contender ran in: the groups each record's figures are computed over."""
     categories = sorted({r.category for r in runs}) + ["all"]
     mine = [r for r in runs if r.contender == contender.label]
     return [(category, [r.stats for r in mine if r.repeat == repeat and category in ("all", r.category)])
-            for category in categories for repeat in sorted({r.repeat for r in runs})]
+            for category in categories for repeat in sorted({r.repeat for r in mine})]
 
 
 def tree_sizes(runs: Sequence[Run], contenders: Sequence[Contender]) -> list[int]:
@@ -87,16 +114,19 @@ def tree_sizes(runs: Sequence[Run], contenders: Sequence[Contender]) -> list[int
 
 def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[str, dict[int, float]] | None,
               greedy: bool, tree_costs: dict[str, dict[int, float]] | None = None,
-              compiled: dict[str, float] | None = None) -> list[dict[str, Any]]:
+              compiled: dict[str, float] | None = None, noise_bound: float = NOISE_BOUND) -> list[dict[str, Any]]:
     """Records per contender and category ("all" last), in contender order.
 
+    Each measure is computed per round (the rounds the contender ran in: a noisy one may have run
+    more) and given as `{"median", "spread", "rounds"}` (`_over_rounds`); `rounds` counts them and
+    `noisy` says whether a NOISE_MEASURES figure spreads more than `noise_bound` (kept as the
+    record's `noise_bound`, so the table and plots state the bound it was judged by).
     costs and tree_costs: T of a forward by row count, per engine ("eager", "compiled"); tree
     contenders' ideal speedups use the tree costs where measured. A contender's speedup is over
-    its baseline (plain decoding on its engine); speedup_over_eager over eager plain decoding
-    when it ran. compiled: the seconds each contender spent compiling."""
+    its baseline (plain decoding on its engine, same round); speedup_over_eager over eager plain
+    decoding when it ran. compiled: the seconds each contender spent compiling."""
     eager_plain = next((c.label for c in contenders if c.drafter is None and c.peer is None and not c.compile), None)
     categories = sorted({r.category for r in runs}) + ["all"]
-    repeats = sorted({r.repeat for r in runs})
     plain_tokens = {(r.question, r.turn, r.repeat): r.tokens for r in runs if r.contender == "plain"}
     records = []
     for contender in contenders:
@@ -105,8 +135,8 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
             chosen = [r for r in mine if category in ("all", r.category)]
             if not chosen:
                 continue
-            per_repeat = []
-            for repeat in repeats:
+            per_round = []
+            for repeat in sorted({r.repeat for r in chosen}):
                 stats = total_stats([r.stats for r in chosen if r.repeat == repeat])
 
                 def baseline(label: str | None) -> Stats | None:
@@ -117,19 +147,21 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
                 plain = baseline(contender.baseline)
                 assert plain is not None
                 engine_costs = (costs or {}).get(contender.engine)
-                per_repeat.append(_figures(stats, plain, contender, engine_costs,
-                                           (tree_costs or {}).get(contender.engine), baseline(eager_plain)))
+                per_round.append(_figures(stats, plain, contender, engine_costs,
+                                          (tree_costs or {}).get(contender.engine), baseline(eager_plain)))
             record: dict[str, Any] = {"contender": contender.label, "drafter": contender.drafter,
                                       "peer": contender.peer, "k": contender.k, "tree": contender.tree,
                                       "engine": None if contender.peer else contender.engine, "category": category,
                                       "compile_seconds": (compiled or {}).get(contender.label, 0.0),
-                                      "runs": len(chosen), "new_tokens": sum(r.stats.new_tokens for r in chosen)}
+                                      "runs": len(chosen), "rounds": len(per_round),
+                                      "new_tokens": sum(r.stats.new_tokens for r in chosen)}
             for measure in MEASURES:
-                record[measure] = _spread([f[measure] for f in per_repeat])
-            width = max(len(f["acceptance_per_position"]) for f in per_repeat)
+                record[measure] = _over_rounds([f[measure] for f in per_round])
+            record["noisy"], record["noise_bound"] = _noisy(record, noise_bound), noise_bound
+            width = max(len(f["acceptance_per_position"]) for f in per_round)
             record["acceptance_per_position"] = [
-                _spread([f["acceptance_per_position"][i] if i < len(f["acceptance_per_position"]) else None
-                         for f in per_repeat])["mean"] for i in range(width)]
+                _over_rounds([f["acceptance_per_position"][i] if i < len(f["acceptance_per_position"]) else None
+                              for f in per_round])["median"] for i in range(width)]
             lengths = [n for r in chosen for n in r.draft_lengths]
             record["mean_draft_length"] = statistics.fmean(lengths) if lengths else None
             record["same_as_plain"] = (all(r.tokens == plain_tokens[(r.question, r.turn, r.repeat)] for r in chosen)
@@ -138,11 +170,21 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
     return records
 
 
-def _cell(value: dict[str, float | None], digits: int, suffix: str = "", spread: bool = True) -> str:
-    if value["mean"] is None:
+def noisy_contenders(runs: Sequence[Run], contenders: Sequence[Contender], noise_bound: float = NOISE_BOUND
+                     ) -> set[str]:
+    """The labels of the contenders whose "all" record is noisy over the rounds run so far: the
+    rows the runner gives another round."""
+    return {r["contender"] for r in summarize(runs, contenders, None, False, noise_bound=noise_bound)
+            if r["category"] == "all" and r["noisy"]}
+
+
+def _cell(value: dict[str, Any], digits: int, suffix: str = "", spread: bool = True) -> str:
+    """The median, and with `spread` its relative spread as a percentage (`1.37x±4%`) when it is
+    at least 0.5%."""
+    if value["median"] is None:
         return "-"
-    text = f"{value['mean']:.{digits}f}{suffix}"
-    return f"{text}±{value['std']:.{digits}f}" if spread and value["std"] else text
+    text = f"{value['median']:.{digits}f}{suffix}"
+    return f"{text}±{value['spread']:.0%}" if spread and value["spread"] and value["spread"] >= 0.005 else text
 
 
 HEADER = ("contender", "k", "mean acc. len", "acceptance", "nodes", "verify ms", "tokens/s", "speedup", "ideal",
@@ -150,11 +192,13 @@ HEADER = ("contender", "k", "mean acc. len", "acceptance", "nodes", "verify ms",
 
 
 def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
-    """The records of one category as an aligned text table; with compiled rows, two more
-    columns: the speedup over eager plain decoding, and the seconds spent compiling."""
+    """The records of one category as an aligned text table: medians over rounds, `±` the spread
+    (IQR / median). With compiled rows, two more columns: the speedup over eager plain decoding,
+    and the seconds spent compiling. Last, `noisy` ("yes" for a noisy row), and under the table a
+    footnote naming the noisy rows, their rounds and the bound they exceeded."""
     chosen = [r for r in records if r["category"] == category]
     compiled = any(r.get("engine") == "compiled" for r in chosen)
-    header = HEADER + (("vs eager", "compile s") if compiled else ())
+    header = HEADER + (("vs eager", "compile s") if compiled else ()) + ("noisy",)
     rows = [header]
     for r in chosen:
         same = "-" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
@@ -164,30 +208,34 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
                _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
                _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),
                _cell(r["ideal_ratio"], 2, spread=False),
-               "-" if share["mean"] is None else f"{share['mean']:.0%}", same)
+               "-" if share["median"] is None else f"{share['median']:.0%}", same)
         if compiled:
-            row += (_cell(r["speedup_over_eager"], 2, "x", spread=False), f"{r['compile_seconds']:.1f}")
-        rows.append(row)
+            row += (_cell(r["speedup_over_eager"], 2, "x"), f"{r['compile_seconds']:.1f}")
+        rows.append(row + ("yes" if r["noisy"] else "-",))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+    noisy = [r for r in chosen if r["noisy"]]
+    named = ", ".join(f"{r['contender']} ({r['rounds']} rounds)" for r in noisy)
+    footnote = [(f"noisy: {named}: tokens/s, speedup or vs eager spread more than {noisy[0]['noise_bound']:.0%} "
+                 "(interquartile range / median over the rounds): their timings are not to be trusted")] if noisy else []
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:], *footnote])
 
 
 def csv_text(records: Sequence[dict[str, Any]]) -> str:
-    """One CSV row per record: each measure as `<name>_mean` and `<name>_std` columns."""
+    """One CSV row per record: each measure as `<name>_median` and `<name>_spread` columns (the
+    rounds' values are in the JSON), the `rounds` it ran and whether it is `noisy`."""
     out = io.StringIO()
-    columns = ["contender", "drafter", "peer", "k", "tree", "engine", "category", "runs", "new_tokens",
-               "compile_seconds"]
-    columns += [f"{m}_{part}" for m in MEASURES for part in ("mean", "std")]
-    columns += ["acceptance_per_position", "mean_draft_length", "same_as_plain"]
+    keys = ["contender", "drafter", "peer", "k", "tree", "engine", "category", "runs", "rounds", "new_tokens",
+            "compile_seconds"]
+    columns = keys + [f"{m}_{part}" for m in MEASURES for part in ("median", "spread")]
+    columns += ["acceptance_per_position", "mean_draft_length", "same_as_plain", "noisy", "noise_bound"]
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in records:
-        row = {key: r[key] for key in ("contender", "drafter", "peer", "k", "tree", "engine", "category", "runs",
-                                       "new_tokens", "compile_seconds", "mean_draft_length", "same_as_plain")}
+        row = {key: r[key] for key in (*keys, "mean_draft_length", "same_as_plain", "noisy", "noise_bound")}
         for m in MEASURES:
-            row[f"{m}_mean"], row[f"{m}_std"] = r[m]["mean"], r[m]["std"]
+            row[f"{m}_median"], row[f"{m}_spread"] = r[m]["median"], r[m]["spread"]
         row["acceptance_per_position"] = ";".join("" if v is None else f"{v:.4f}" for v in r["acceptance_per_position"])
         writer.writerow(row)
     return out.getvalue()

@@ -1,6 +1,7 @@
 """Running the bench: every contender on every question turn, repeats interleaved, plain
 decoding of the same target first in each round (its answers are the multi-turn context for
-every contender, so all contenders see identical prompts).
+every contender, so all contenders see identical prompts). After the recorded rounds, rows whose
+timings still spread too widely get more rounds, up to a limit (`repeat_rounds`).
 
 Batch 1, prefill included in the timings, warm-up rounds not recorded: Spec-Bench's protocol.
 Compilation is kept apart: the seconds torch.compile spent inside a call are taken off its
@@ -9,7 +10,7 @@ time and reported on their own (the warm-up round meets most graphs first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +26,7 @@ from specdec.plugins import make_drafter
 from specdec.target import CausalLM
 from specdec.types import Sampling, Stats
 
-__all__ = ["AUTO_MAX", "Contender", "Run", "run_bench"]
+__all__ = ["AUTO_MAX", "Contender", "Run", "forget", "repeat_rounds", "run_bench"]
 
 AUTO_MAX = 12  # the longest draft `k=auto` may grow to
 
@@ -63,6 +64,14 @@ class Run:
     compile_seconds: float = 0.0  # torch.compile time spent inside this call (graphs met for the first time)
 
 
+def forget(drafter: Any) -> None:
+    """Call the drafter's optional `forget()` (a drafter that remembers earlier generations
+    starts the round as a fresh instance would)."""
+    method = getattr(drafter, "forget", None)
+    if callable(method):
+        method()
+
+
 def _drafter(contender: Contender) -> Any:
     """The contender's drafter, made once and reused for every run (its prefill resets it): a
     drafter's compiled steps stay with its modules, so every run after the first replays them."""
@@ -82,30 +91,60 @@ def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, draft
     return result.tokens, result.stats, tuple(getattr(drafter, "history", ()))
 
 
+def repeat_rounds(contenders: Sequence[Contender], one_round: Callable[[int, Sequence[Contender]], list[Run]],
+                  repeats: int, warmup: int, max_repeats: int, noisy: Callable[[Sequence[Run]], Collection[str]]
+                  ) -> list[Run]:
+    """Run `warmup` unrecorded rounds (indices -warmup..-1) and `repeats` rounds of every
+    contender, then, while `noisy(the runs so far)` names contenders and fewer than `max_repeats`
+    rounds ran, one more round of those contenders and of plain decoding (every row's baseline
+    and the multi-turn answers); returns the recorded runs. `one_round(index, contenders)` runs
+    one round and returns its runs (none for a warm-up round)."""
+    if max_repeats < repeats:
+        raise ValueError(f"max_repeats must be >= repeats ({repeats}), got {max_repeats}")
+    for index in range(-warmup, 0):
+        one_round(index, contenders)
+    runs: list[Run] = []
+    for index in range(max_repeats):
+        chosen = contenders
+        if index >= repeats:
+            wide = set(noisy(runs))
+            if not wide:
+                break
+            chosen = [c for c in contenders if c.label in wide or (c.drafter is None and c.peer is None)]
+        runs += one_round(index, chosen)
+    return runs
+
+
 def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], list[str], int], list[int]],
               decode: Callable[[list[int]], str],
               questions: Sequence[Question], contenders: Sequence[Contender], sampling: Sampling,
               max_new_tokens: int, repeats: int, warmup: int, seed: int = 0,
-              assistant: PreTrainedModel | None = None, advance: Callable[[], None] = lambda: None
+              assistant: PreTrainedModel | None = None, advance: Callable[[], None] = lambda: None,
+              max_repeats: int | None = None, noisy: Callable[[Sequence[Run]], Collection[str]] = lambda runs: ()
               ) -> tuple[list[Run], dict[str, float]]:
     """All recorded runs, and the seconds each contender spent compiling over all rounds (warm-up
     included); `advance` is called after each run (for a progress bar).
 
     `prompt_ids(turns, answers, index)` gives the ids of turn `index` after the earlier answers.
+    `noisy(runs)` names the contenders still too noisy for the rounds run (`repeat_rounds`);
+    max_repeats: the most recorded rounds (None: exactly `repeats`).
     """
     if not contenders or contenders[0].label != "plain":
         raise ValueError("the first contender must be plain decoding (the baseline)")
     target = CausalLM(model)
-    runs: list[Run] = []
     compiled: dict[str, float] = {}
     drafters: dict[str, Any] = {}
-    for round_index in range(-warmup, repeats):
+
+    def one_round(round_index: int, chosen: Sequence[Contender]) -> list[Run]:
+        runs: list[Run] = []
+        for drafter in drafters.values():  # memory across calls spans one round's questions, not rounds
+            forget(drafter)
         for question in questions:
             answers: list[str] = []
             for turn in range(len(question.turns)):
                 prompt = torch.tensor(prompt_ids(question.turns, answers, turn), dtype=torch.long)
                 plain_tokens: list[int] = []
-                for contender in contenders:
+                for contender in chosen:
                     run_seed = seed + 1000 * max(round_index, 0) + turn
                     compiling = compile_seconds()
                     if contender.peer is not None:
@@ -127,4 +166,8 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
                     compiled[contender.label] = compiled.get(contender.label, 0.0) + compiling
                     advance()
                 answers.append(decode(plain_tokens))
+        return runs
+
+    runs = repeat_rounds(contenders, one_round, repeats, warmup, repeats if max_repeats is None else max_repeats,
+                         noisy)
     return runs, compiled

@@ -14,7 +14,7 @@ import torch
 
 from specdec.bench.costs import forward_costs, tree_forward_costs
 from specdec.bench.questions import Question, from_prompts, load_questions, turn_prompt
-from specdec.bench.report import SCHEMA, csv_text, summarize, tree_sizes
+from specdec.bench.report import NOISE_BOUND, SCHEMA, csv_text, noisy_contenders, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prompt_format
 from specdec.types import Sampling
@@ -23,7 +23,7 @@ from specdec.versions import software_versions
 __all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "run_session", "turn_encoder",
            "used_prompt_format"]
 
-_PATH_OPTIONS = ("model", "path")  # options that name files, left out of row labels
+_PATH_OPTIONS = ("model", "path", "datastore", "tokenizer")  # options that name files, left out of row labels
 ENGINES = ("eager", "compiled")
 
 
@@ -36,7 +36,9 @@ class BenchConfig:
     ks: tuple[int | str, ...] = (4,)
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = 128
-    repeats: int = 3
+    repeats: int = 3  # recorded rounds, every contender
+    max_repeats: int | None = None  # the most recorded rounds while a row is noisy; None: 3 × repeats
+    noise_bound: float = NOISE_BOUND  # a row is noisy when a timed figure's IQR / median exceeds this
     warmup: int = 1
     seed: int = 0
     peers: bool = True
@@ -51,6 +53,16 @@ class BenchConfig:
         engines = self.engines
         if not engines or any(e not in ENGINES for e in engines) or len(set(engines)) != len(engines):
             raise ValueError(f"engines must be distinct values of {ENGINES}, got {self.engines!r}")
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats (--max-repeats) must be >= repeats ({self.repeats}), got {self.max_repeats}")
+        if not self.noise_bound > 0:
+            raise ValueError(f"noise_bound (--noise-bound) must be > 0 (a relative spread such as 0.1), got "
+                             f"{self.noise_bound}")
+
+    @property
+    def repeat_limit(self) -> int:
+        """The most recorded rounds: max_repeats, or 3 × repeats when it is None."""
+        return 3 * self.repeats if self.max_repeats is None else self.max_repeats
 
 
 def drafts_trees(name: str, options: dict[str, Any]) -> bool:
@@ -169,7 +181,9 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
     runs, compiled = run_bench(model, prompt_ids, decode, questions, contenders, config.sampling, config.max_new_tokens,
-                               config.repeats, config.warmup, config.seed, assistant, advance)
+                               config.repeats, config.warmup, config.seed, assistant, advance,
+                               max_repeats=config.repeat_limit,
+                               noisy=lambda so_far: noisy_contenders(so_far, contenders, config.noise_bound))
     from specdec.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
@@ -185,14 +199,16 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
         costs[engine] = forward_costs(target, prefix, sizes, compile=engine == "compiled")
         tree_costs[engine] = tree_forward_costs(target, prefix, needed, compile=engine == "compiled") \
             if needed and target.tree_obstacle is None else {}
-    records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs, compiled)
+    records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs, compiled, config.noise_bound)
     document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
                              "target": str(config.target), "prompts": None if config.prompts is None
                              else str(config.prompts), "sampling": asdict(config.sampling),
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
-                             "questions": len(questions), "turns": turns, "prompt_format": used},
+                             "questions": len(questions), "turns": turns, "prompt_format": used,
+                             "repeat_limit": config.repeat_limit},
+                "rounds": len({r.repeat for r in runs}),  # recorded rounds run (noisy rows' extra ones included)
                 "forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in costs.items()},
                 "tree_forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in tree_costs.items()},
                 "compile_seconds": sum(compiled.values()), "records": records}

@@ -3,15 +3,17 @@
 1. a byte-level BPE tokenizer on the training files;
 2. the target, a Qwen3-architecture causal LM trained with a joint MTP loss;
 3. a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, distilled together from the frozen
-   target;
-4. held-out losses of every piece, and each drafter's acceptance decoding held-out code prompts,
-   with every piece reloaded from the files just written, through its drafter.
+   target, and a retrieval datastore (a suffix array) of the training text;
+4. held-out losses of every piece, each drafter's acceptance decoding held-out code prompts, with
+   every piece reloaded from the files just written, through its drafter, and each drafter's
+   draft tax: one draft step's cost against one target forward (`specdec.zoo.costs`).
 
 Each step is a call into `specdec.training`, the code `specdec train` runs on any target.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -25,6 +27,7 @@ from transformers import Qwen3ForCausalLM
 
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.corpus import Corpus, read_text, stdlib_corpus
+from specdec.datastore import build_datastore_from_ids
 from specdec.drafters.eagle import save_eagle
 from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.eagle3_head import SPECULATORS
@@ -44,19 +47,23 @@ from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
 from specdec.training.target import heldout_loss, target_config, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
 from specdec.versions import software_versions
+from specdec.zoo.costs import draft_costs
 from specdec.zoo.settings import FULL, ZooSettings
 from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, staging
 
 __all__ = ["build", "drafter_options"]
 
 LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
+TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
 
 def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
     """`make_drafter` options of every drafter that serves a built family's target, with the
     value temperature the build fitted for each learned drafter's dynamic trees."""
     options: dict[str, dict[str, Any]] = {
-        "ngram": {}, "draft-model": {"model": str(directory / "draft-model")},
+        "ngram": {}, "lookahead": {}, "suffix": {},
+        "retrieval": {"datastore": str(directory / "datastore"), "tree": False},  # chains; its tree row adds tree
+        "draft-model": {"model": str(directory / "draft-model")},
         "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
         "eagle3": {"path": str(directory / "eagle3")},
         "mtp": {"path": str(directory / "target")}}
@@ -123,6 +130,9 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     save_medusa(medusa.module, work / "medusa")
     save_eagle(eagle.module, work / "eagle")
     save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
+    say("datastore: a suffix array of the training text, for the retrieval drafter")
+    build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
+                             sources=[str(corpus.root)])
 
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
@@ -131,6 +141,8 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     temperatures = value_temperatures(target, [*students, mtp], windows)
     (work / CALIBRATION).write_text(json.dumps(temperatures, indent=2, sort_keys=True) + "\n")
     acceptance = _acceptance(work, corpus, tokenizer, settings)
+    say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
+    costs = _costs(work, corpus, tokenizer, settings)
     pieces: dict[str, dict[str, Any]] = {
         "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
         "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
@@ -144,23 +156,51 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
                         "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
         if name in temperatures:
             pieces[name]["value_temperature"] = temperatures[name]
-    pieces["ngram"] = {"path": None, **acceptance["ngram"]}
+    for name in TRAINING_FREE:
+        pieces[name] = {"path": "datastore" if name == "retrieval" else None, **acceptance[name]}
+    pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
+    for name, figures in costs["drafters"].items():
+        pieces[name]["draft_cost"] = figures
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
               "build_seconds": round(time.perf_counter() - started, 1), "threads": torch.get_num_threads(),
               "versions": software_versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
                                                   "heldout_files": data.heldout_files,
                                                   "train_tokens": int(data.train.shape[0]),
                                                   "heldout_tokens": int(data.heldout.shape[0])},
+              "target_forward_seconds": costs["target_forward_seconds"],
+              "costs": {"k": costs["k"], "compiled": costs["compiled"], "rounds": settings.cost_rounds},
               "pieces": pieces}
     (work / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
     say(f"built in {record['build_seconds']:.0f} s")
 
 
+def _documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
+    """The files of an encoded stream [N] (each followed by `eos`), without the separators."""
+    ids = stream.tolist()
+    ends = [i for i, token in enumerate(ids) if token == eos]
+    starts = [0] + [end + 1 for end in ends]
+    return [ids[a:b] for a, b in zip(starts, [*ends, len(ids)]) if b > a]
+
+
+def _prompts(corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> list[torch.Tensor]:
+    return [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+            for p in code_prompts(corpus, per_category=settings.eval_prompts)]
+
+
+def _costs(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> dict[str, Any]:
+    """Every drafter's draft tax (`specdec.zoo.costs.draft_costs`) on two held-out prompts."""
+    target = CausalLM(load_causal_lm(work / "target"))
+    factories: dict[str, Callable[[], Any]] = {
+        name: functools.partial(make_drafter, name, **options) for name, options in drafter_options(work).items()}
+    return draft_costs(target, factories, _prompts(corpus, tokenizer, settings)[:2], k=4,
+                       new_tokens=settings.eval_new_tokens, rounds=settings.cost_rounds,
+                       compile=settings.cost_compiled)
+
+
 def _acceptance(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> dict[str, dict[str, Any]]:
     """Greedy k=4 decoding of held-out code prompts with each drafter loaded from `work`."""
     target = CausalLM(load_causal_lm(work / "target"))
-    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
-               for p in code_prompts(corpus, per_category=settings.eval_prompts)]
+    prompts = _prompts(corpus, tokenizer, settings)
     out = {}
     for name, options in drafter_options(work).items():
         stats = acceptance_estimate(target, lambda: make_drafter(name, **options), prompts, k=4,

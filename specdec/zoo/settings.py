@@ -14,12 +14,14 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 6  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 7  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
 class ZooSettings:
-    """One family: tokenizer, target (+ MTP), draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head."""
+    """One family: tokenizer, target (+ MTP), draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head,
+    and a retrieval datastore of the training text. The build measures each drafter's draft tax
+    (`specdec.zoo.costs`): one draft step's cost against one target forward."""
 
     name: str
     vocab_size: int
@@ -37,6 +39,8 @@ class ZooSettings:
     eval_windows: int  # held-out windows for the losses
     eval_prompts: int  # held-out code prompts per category for the acceptance estimate
     eval_new_tokens: int
+    cost_rounds: int  # timed rounds of the draft-tax measurement (`specdec.zoo.costs`)
+    cost_compiled: bool  # measure it on the compiled engine (the quick family's 60 s budget cannot compile)
     seed: int = 0
 
     def key(self) -> str:
@@ -59,7 +63,8 @@ FULL = ZooSettings(
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=600, batch=4, seq_len=352, lr=1e-2, seed=2),
     eagle3_layers=(1, 2, 3), eagle3_vocab=2048,
-    eval_windows=24, eval_prompts=2, eval_new_tokens=64)
+    eval_windows=24, eval_prompts=2, eval_new_tokens=64,
+    cost_rounds=3, cost_compiled=True)
 
 QUICK = ZooSettings(
     name="quick", vocab_size=512, tokenizer_chars=300_000, train_chars=1_000_000, heldout_chars=100_000,
@@ -69,7 +74,8 @@ QUICK = ZooSettings(
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
     eagle3_layers=(0, 1, 2), eagle3_vocab=384,
-    eval_windows=8, eval_prompts=1, eval_new_tokens=24)
+    eval_windows=8, eval_prompts=1, eval_new_tokens=24,
+    cost_rounds=1, cost_compiled=False)
 
 _FAMILIES = {"full": FULL, "quick": QUICK}
 

@@ -19,12 +19,14 @@ from typing import Any
 
 from specdec.zoo.settings import ZooSettings
 
-__all__ = ["CALIBRATION", "MANIFEST", "PIECES", "cache_root", "family_dir", "finished", "manifest", "piece_dir", "staging"]
+__all__ = ["CALIBRATION", "MANIFEST", "PIECES", "cache_root", "family_dir", "finished", "manifest", "piece_dir",
+           "staging"]
 
 MANIFEST = "manifest.json"
 CALIBRATION = "value_temperatures.json"  # the dynamic-tree value temperature of each learned drafter
 PIECES = {"tokenizer": "tokenizer", "target": "target", "draft-model": "draft-model", "medusa": "medusa",
-          "eagle": "eagle", "eagle3": "eagle3", "mtp": "target"}  # piece -> directory (the MTP module lives in the target's files)
+          "eagle": "eagle", "eagle3": "eagle3", "mtp": "target",
+          "datastore": "datastore"}  # piece -> directory (the MTP module lives in the target's files)
 
 
 def cache_root(override: str | Path | None = None) -> Path:
