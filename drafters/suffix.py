@@ -131,34 +131,38 @@ class SuffixTrie:
 
 
 class OutputMemory:
-    """Earlier outputs in one SuffixTrie of at most `max_nodes` nodes, the oldest evicted first."""
+    """Earlier outputs in one SuffixTrie of at most `max_nodes` nodes, the oldest evicted first.
+
+    The outputs themselves are kept too (to subtract their counts on eviction), at most
+    `max_nodes` tokens of them: an answer repeated many times adds no node, yet must not grow
+    the memory."""
 
     def __init__(self, max_depth: int, max_nodes: int) -> None:
         self.trie = SuffixTrie(max_depth)
         self.max_nodes = max_nodes
         self.outputs: deque[list[int]] = deque()  # the remembered outputs, oldest first
+        self.tokens = 0  # the tokens of `outputs`
         self.version = 0  # bumped by every change (invalidates matches into the trie)
 
     def add(self, tokens: Sequence[int]) -> int:
         """Remember an output; returns how many of its first tokens were kept (all, unless it
-        alone outgrows the bound). The trie never holds more than max_nodes nodes."""
+        alone outgrows the bound). The trie never holds more than max_nodes nodes, nor the
+        outputs more than max_nodes tokens."""
         trie, active, kept = self.trie, self.trie.start(), 0
         for token in tokens:
-            while trie.nodes + len(active) > self.max_nodes and self.outputs:  # append adds <= len(active)
+            while self.outputs and (trie.nodes + len(active) > self.max_nodes  # append adds <= len(active)
+                                    or self.tokens + kept + 1 > self.max_nodes):
+                self.tokens -= len(self.outputs[0])
                 trie.remove(self.outputs.popleft())
-            if trie.nodes + len(active) > self.max_nodes:
+            if trie.nodes + len(active) > self.max_nodes or self.tokens + kept + 1 > self.max_nodes:
                 break
             active = trie.append(active, int(token))
             kept += 1
         if kept:
             self.outputs.append([int(token) for token in tokens[:kept]])
+            self.tokens += kept
         self.version += 1
         return kept
-
-    @property
-    def tokens(self) -> int:
-        """The tokens remembered."""
-        return sum(len(output) for output in self.outputs)
 
 
 @dataclass(frozen=True)

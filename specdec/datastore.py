@@ -63,6 +63,9 @@ def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
             "name": _tokenizer_name(str(getattr(tokenizer, "name_or_path", "") or ""))}
 
 
+PACKED_KEY_LIMIT = int(np.iinfo(np.int64).max)  # sort keys packed into one int64 below this
+
+
 def suffix_array(keys: np.ndarray, log: Log | None = None) -> np.ndarray:
     """int64 [n]: the starts of the suffixes of `keys` (ints [n]) in lexicographic order, a suffix
     before the longer ones it begins.
@@ -79,6 +82,7 @@ def suffix_array(keys: np.ndarray, log: Log | None = None) -> np.ndarray:
     boundary[1:] = first[1:] != first[:-1]
     rank[order] = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
     active = np.flatnonzero(_tied(boundary))  # sorted indices of suffixes in groups of two or more
+    packed = (n + 1) * (n + 1) < PACKED_KEY_LIMIT
     width, rounds = 1, 0
     while active.size:
         rounds += 1
@@ -87,12 +91,15 @@ def suffix_array(keys: np.ndarray, log: Log | None = None) -> np.ndarray:
         positions = order[active]
         shifted = positions + width
         second = np.where(shifted < n, rank[np.minimum(shifted, n - 1)], -1)  # past the end sorts first
-        key = rank[positions] * (n + 1) + (second + 1)  # (group start, rank `width` later), < n**2 + 2n
-        perm = np.argsort(key)
-        positions, key = positions[perm], key[perm]
+        first_rank = rank[positions]  # sort by (group start, rank `width` later)
+        if packed:  # one int64 key, < n**2 + 2n: a single argsort
+            perm = np.argsort(first_rank * (n + 1) + (second + 1))
+        else:  # past about 3e9 suffixes the packed key would overflow int64
+            perm = np.lexsort((second, first_rank))
+        positions, first_rank, second = positions[perm], first_rank[perm], second[perm]
         order[active] = positions  # groups keep their places: the key sorts by group start first
         boundary = np.ones(active.size, dtype=bool)
-        boundary[1:] = key[1:] != key[:-1]
+        boundary[1:] = (first_rank[1:] != first_rank[:-1]) | (second[1:] != second[:-1])
         rank[positions] = active[np.maximum.accumulate(np.where(boundary, np.arange(active.size), 0))]
         active = active[_tied(boundary)]
         width *= 2
@@ -377,6 +384,11 @@ class Datastore:
             raise DatastoreError(f"datastore {where!r} was built with a tokenizer of {ours} ids, far fewer than the "
                                  f"target's {vocab_size}: it is likely another tokenizer; build the datastore with "
                                  "the target's tokenizer, or pass tokenizer=DIR to confirm it is the target's")
+        separator = int(self.manifest["separator"])
+        if vocab_size > separator:  # a generated id could equal the separator and match across documents
+            raise DatastoreError(f"datastore {where!r} stores {self.manifest['token_dtype']} ids with separator "
+                                 f"{separator}, but the target's LM head has {vocab_size} rows; rebuild it for "
+                                 "the target (its ids need a wider type)")
 
     def check_tokenizer(self, tokenizer: Any) -> None:
         """Raise DatastoreError unless `tokenizer` is the one the datastore was built with."""

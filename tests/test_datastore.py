@@ -46,6 +46,18 @@ def test_suffix_array_sorts_long_repeats(pattern):
     assert suffix_array(np.array(keys, dtype=np.int64)).tolist() == brute_suffix_array(keys)
 
 
+@pytest.mark.parametrize("pattern", ["period-3", "two-symbols"])
+def test_suffix_array_without_packed_keys_sorts_the_same(pattern, monkeypatch):
+    # past ~3e9 tokens one int64 cannot hold (rank, next rank): the rounds sort the pair instead
+    import specdec.datastore as datastore
+
+    n = 900
+    keys = {"period-3": [i % 3 for i in range(n)],
+            "two-symbols": np.random.default_rng(1).integers(0, 2, n).tolist()}[pattern]
+    monkeypatch.setattr(datastore, "PACKED_KEY_LIMIT", 0)
+    assert suffix_array(np.array(keys, dtype=np.int64)).tolist() == brute_suffix_array(keys)
+
+
 def brute_lookup(documents: list[list[int]], context: list[int], max_tokens: int, min_length: int,
                  max_length: int) -> tuple[int, Counter]:
     """The longest context suffix (max_length..min_length) with an occurrence that a token follows
@@ -199,7 +211,9 @@ def test_vocabulary_sizes_are_checked_against_the_target(tmp_path):
         store.check_vocab(30000)
     with pytest.raises(DatastoreError, match="far fewer than the target's 151936"):
         store.check_vocab(151936)
-    store.check_vocab(151936, tokenizer_checked=True)  # a matching fingerprint vouches for it
+    store.check_vocab(60000, tokenizer_checked=True)  # a matching fingerprint vouches for a padded head
+    with pytest.raises(DatastoreError, match="uint16 ids with separator 65535, but the target's LM head has 151936"):
+        store.check_vocab(151936, tokenizer_checked=True)  # its ids could reach the separator
 
 
 def test_a_failing_build_leaves_nothing_behind(tmp_path, monkeypatch):

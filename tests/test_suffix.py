@@ -264,6 +264,15 @@ def test_a_second_call_drafts_the_first_calls_output_and_a_fresh_drafter_does_no
     assert runs[0].stats.accepted > runs[1].stats.accepted
 
 
+def test_a_repeated_output_cannot_grow_the_memory_past_its_bound():
+    memory = OutputMemory(8, 50)
+    for _ in range(100):  # the same answer again and again adds no trie node after the first
+        assert memory.add([1, 2, 3, 4]) == 4
+        assert memory.trie.nodes <= 50 and memory.tokens <= 50
+        assert memory.tokens == sum(len(output) for output in memory.outputs)
+    assert len(memory.outputs) == 12 and memory.trie.count([1, 2, 3, 4]) == 12
+
+
 def test_forget_drops_earlier_outputs_as_a_fresh_drafter_would():
     model = tiny_model("llama", vocab_size=VOCAB, seed=0)
     prompt = list(range(10, 22))
