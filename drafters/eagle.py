@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import new_cache
-from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow, tree_settings
@@ -263,11 +263,9 @@ class EagleDrafter:
 
     def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
         """Feed the real pairs (x_{j+1}, f_j) not yet in the cache; keep the last predicted feature."""
-        pairs = pending_pairs(ctx, self.steps.length, "eagle")
-        if pairs is not None:
-            embeds, features, positions = pairs
-            rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)
-            self._feature = self.steps(rows, embeds, features, positions)[-1:]  # (1, H)
+        out = feed_pending(self.steps, ctx, "eagle", eager)
+        if out is not None:
+            self._feature = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._feed_pending(ctx)

@@ -22,7 +22,7 @@ from torch import nn
 from specdec.drafters.eagle import chain_draft, tree_draft
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
-from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_search import tree_settings
 from specdec.protocols import DraftContext
@@ -111,11 +111,9 @@ class Eagle3Drafter:
 
     def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
         """Feed the real pairs (x_{j+1}, fused states at j) not yet cached; keep the last output."""
-        pairs = pending_pairs(ctx, self.steps.length, "eagle3", embed=self._embed(ctx))
-        if pairs is not None:
-            embeds, states, positions = pairs
-            rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)
-            self._out = self.steps(rows, embeds, states, positions)[-1:]  # (1, H)
+        out = feed_pending(self.steps, ctx, "eagle3", eager, embed=self._embed(ctx))
+        if out is not None:
+            self._out = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._feed_pending(ctx)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from typing import Any
+
 from specdec.protocols import DraftContext
 
-__all__ = ["pending_pairs", "pending_rows"]
+__all__ = ["feed_pending", "pending_pairs", "pending_rows"]
 
 
 def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None
@@ -43,3 +45,16 @@ def pending_rows(pending: int, max_draft: int) -> int | None:
     if pending == 1:
         return 1
     return max_draft + 1 if pending <= max_draft + 1 else None
+
+
+def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None
+                 ) -> torch.Tensor | None:
+    """Run the real pairs not yet cached through a head's fixed-shape steps
+    (`specdec.drafters.head_steps.HeadSteps`: padded to `pending_rows`, or eagerly and unpadded
+    when `eager`, as after a prefill); return the head's output at the last of them [1, H], or
+    None when every pair is cached."""
+    pairs = pending_pairs(ctx, steps.length, drafter, embed)
+    if pairs is None:
+        return None
+    rows = None if eager else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
+    return steps(rows, *pairs)[-1:]  # (1, H)

@@ -226,11 +226,9 @@ def _tokenizer_name(name_or_path: str) -> str:
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"datastore: --out {str(out)!r} is a file; give a new directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise FileExistsError(f"datastore: --out {str(out)!r} is not empty; refusing to overwrite it, give a new "
-                              "or empty directory")
+    from specdec.export.staging import check_out
+
+    check_out(out, "datastore")
 
 
 def _read(path: Path) -> str:

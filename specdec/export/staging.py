@@ -15,12 +15,12 @@ from typing import Any
 __all__ = ["check_out", "staged", "write_json"]
 
 
-def check_out(out: Path) -> None:
-    """Raise unless `out` is absent or an empty directory."""
+def check_out(out: Path, what: str = "export") -> None:
+    """Raise unless `out` is absent or an empty directory; messages start with `what`."""
     if out.exists() and not out.is_dir():
-        raise FileExistsError(f"export: --out {str(out)!r} is a file; give a new directory")
+        raise FileExistsError(f"{what}: --out {str(out)!r} is a file; give a new directory")
     if out.is_dir() and any(out.iterdir()):
-        raise FileExistsError(f"export: --out {str(out)!r} is not empty; refusing to overwrite it, "
+        raise FileExistsError(f"{what}: --out {str(out)!r} is not empty; refusing to overwrite it, "
                               "give a new or empty directory")
 
 
