@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import new_cache
-from specdec.drafters.feature_pairs import feed_pending
+from specdec.drafters.feature_pairs import feed_pending, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow, tree_settings
@@ -45,7 +45,7 @@ from specdec.target import CausalLM
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
-__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "load_eagle", "save_eagle", "tree_draft"]
+__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "fed_chain_draft", "load_eagle", "save_eagle", "tree_draft"]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
@@ -162,7 +162,7 @@ def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
     return path
 
 
-def eagle_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, feature: torch.Tensor,
+def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module, embed: nn.Module,
                 positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain of k draft tokens from the predicted feature [1, H]: each token from the LM head
@@ -180,22 +180,44 @@ def eagle_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, fea
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
+def _chain_inputs(ctx: DraftContext, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The positions of the fed-back pairs (d_i, f̂) [k - 1] and the draws' uniforms [k] (None when greedy)."""
+    positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1
+    uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=device)
+    return positions, uniforms
+
+
 def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
                 feature: torch.Tensor) -> Draft:
     """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
     through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
     The usual draft (k = the loop's k) is one step, one graph when compiled; a shorter one (the
     budget's end, k=auto) runs head step by head step."""
-    positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, f̂)
-    uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=feature.device)
+    positions, uniforms = _chain_inputs(ctx, k, feature.device)
     if k == ctx.engine.max_draft:
-        tokens, probs = steps.chain(eagle_chain, k - 1, logits, embed, feature, positions, uniforms, ctx.sampling, k)
+        tokens, probs = steps.chain(eagle_chain, k - 1, feature, logits, embed, positions, uniforms, ctx.sampling, k)
     else:
 
         def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
             return steps(1, embeds, features, position)
 
-        tokens, probs = eagle_chain(head, None, logits, embed, feature, positions, uniforms, ctx.sampling, k)
+        tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, ctx.sampling, k)
+    return Draft(tokens, probs)
+
+
+def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, logits: nn.Module,
+                    embed: nn.Module) -> Draft | None:
+    """The usual chain draft (k = the loop's k) with the catch-up on the pairs not yet cached in
+    the same step (`HeadSteps.fed_chain`: one graph when compiled, not two); `embed` embeds both.
+    None when no pair is pending, or more than a padded step holds (after a prefill): the caller
+    then feeds them apart and drafts with `chain_draft`."""
+    pairs = pending_pairs(ctx, steps.length, drafter, embed)
+    rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
+    if pairs is None or rows is None or k != ctx.engine.max_draft:
+        return None
+    positions, uniforms = _chain_inputs(ctx, k, pairs[0].device)
+    tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, k - 1, logits, embed, positions, uniforms,
+                                    ctx.sampling, k)
     return Draft(tokens, probs)
 
 
@@ -268,6 +290,11 @@ class EagleDrafter:
             self._feature = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
+        if self.tree is None and k > 0:  # the usual chain: catch-up and draft in one step
+            draft = fed_chain_draft(self.steps, ctx, "eagle", k, ctx.target.lm_head, ctx.target.embed_tokens)
+            if draft is not None:
+                self._real = self.steps.length - (k - 1)  # the entries past it came from drafted features
+                return draft
         self._feed_pending(ctx)
         self._real = self.steps.length
         if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from specdec.drafters.eagle import chain_draft, tree_draft
+from specdec.drafters.eagle import chain_draft, fed_chain_draft, tree_draft
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_pairs import feed_pending
@@ -116,6 +116,11 @@ class Eagle3Drafter:
             self._out = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
+        if self.tree is None and k > 0:  # the usual chain: catch-up and draft in one step
+            draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx))
+            if draft is not None:
+                self._real = self.steps.length - (k - 1)  # the entries past it came from drafted features
+                return draft
         self._feed_pending(ctx)
         self._real = self.steps.length
         if k <= 0 or self._out is None:

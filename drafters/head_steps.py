@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.cache import KV, static_obstacle
+from specdec.cache import KV, set_static_length, static_obstacle
 from specdec.engine import Engine, Step, step_for
 
 __all__ = ["HeadSteps"]
@@ -90,6 +90,31 @@ class HeadSteps:
         self.kv.advanced(rows)
         return out
 
+    def fed_chain(self, fn: Callable[..., Any], rows: int, inputs: tuple[Any, ...], chain_rows: int, *args: Any
+                  ) -> Any:
+        """Feed n real rows (`inputs`, as `__call__` takes them, padded to `rows`) and then run a
+        draft loop `fn(head, cache, out, *args)` from the head's output `out` at the last of them
+        ([1, ...] per output), which writes `chain_rows` entries: one step, one graph per shape
+        when compiled, instead of a catch-up forward and a draft loop launched apart.
+
+        Inside the step the cache is rolled back to the n real rows before the loop runs, so the
+        padding is overwritten as `__call__`'s rollback would have it. A dynamic cache, or a
+        static one not yet allocated, takes the two steps."""
+        n = next(x for x in inputs if isinstance(x, torch.Tensor)).shape[0]
+        if not self.kv.static or not self.kv.initialized:
+            return self.chain(fn, chain_rows, _last(self(rows, *inputs)), *args)
+        base = self.kv.length
+        self.kv.reserve(max(n, rows) + chain_rows)
+        padded = tuple(_pad(x, rows) if isinstance(x, torch.Tensor) else x for x in inputs)
+        device = next(self.head.parameters()).device
+        where = torch.tensor([base + n, n - 1]).to(device, non_blocking=True)  # (2,): the real length, the last row
+        run = _FED.get(fn) or _FED.setdefault(fn, _fed(fn))
+        step = step_for(self._chains, run, f"{self.name}'s catch-up and draft loop", self._compile, self.head,
+                        (where, padded, *args), self._restore)
+        out = step(self.kv.cache, where, padded, *args)
+        self.kv.advanced(n + chain_rows)
+        return out
+
     def _restore(self) -> None:
         """Undo what a compiled step that failed may have written: the cache's length."""
         self.kv.rollback(self.kv.length)
@@ -97,6 +122,36 @@ class HeadSteps:
 
 def _head_forward(head: nn.Module, cache: Any, mask: torch.Tensor | None, *inputs: Any) -> Any:
     return head(*inputs, cache, mask)
+
+
+_FED: dict[Callable[..., Any], Callable[..., Any]] = {}  # a draft loop -> its catch-up-and-loop step
+
+
+def _fed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The step `HeadSteps.fed_chain` runs for the draft loop `fn`: the head over the padded rows,
+    the cache rolled back to the real ones (where[0]), then `fn` from the output at where[1]."""
+
+    def run(head: nn.Module, cache: Any, where: torch.Tensor, inputs: tuple[Any, ...], *args: Any) -> Any:
+        out = _head_forward(head, cache, None, *inputs)
+        set_static_length(cache, where[0])
+        return fn(head, cache, _at(out, where[1:]), *args)
+
+    run.__qualname__ = f"fed_chain[{fn.__module__}.{fn.__qualname__}]"  # one Step per draft loop (`step_for`)
+    return run
+
+
+def _last(out: Any) -> Any:
+    """The last row of every tensor in `out`, keeping the row dimension: [1, ...]."""
+    if isinstance(out, torch.Tensor):
+        return out[-1:]
+    return tuple(_last(item) for item in out)
+
+
+def _at(out: Any, index: torch.Tensor) -> Any:
+    """Row `index` ([1]) of every tensor in `out`, keeping the row dimension: [1, ...]."""
+    if isinstance(out, torch.Tensor):
+        return out.index_select(0, index)
+    return tuple(_at(item, index) for item in out)
 
 
 def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -169,13 +169,14 @@ def check_fits(head: MtpHead, lm: CausalLM) -> None:
                          "use the checkpoint of this target")
 
 
-def mtp_chain(head: Any, cache: Any, lm_head: nn.Module, embed: nn.Module, feature: torch.Tensor,
-              logit_input: torch.Tensor, positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling,
-              stages: tuple[int, ...], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A chain of k draft tokens from the stage output at the last committed position (the
-    fed-back feature and the LM-head input, [1, H] each): each token from the LM head (`pick`:
-    argmax, or a draw at uniforms[i]), each further output from stage stages[i] at
-    positions[i]. Returns tokens [k] and q [k, V] (None without uniforms)."""
+def mtp_chain(head: Any, cache: Any, out: tuple[torch.Tensor, torch.Tensor], lm_head: nn.Module, embed: nn.Module,
+              positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, stages: tuple[int, ...],
+              k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain of k draft tokens from the stage output at the last committed position, `out` =
+    (the fed-back feature, the LM-head input), [1, H] each: each token from the LM head (`pick`:
+    argmax, or a draw at uniforms[i]), each further output from stage stages[i] at positions[i].
+    Returns tokens [k] and q [k, V] (None without uniforms)."""
+    feature, logit_input = out
     tokens: list[torch.Tensor] = []
     rows: list[torch.Tensor] = []
     for i in range(k):
@@ -247,20 +248,28 @@ class MtpDrafter:
             self._feature, self._logit_input = feature[-1:], logit_input[-1:]  # (1, H) each
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
+        target = ctx.target
+        sampled = self.sample and not ctx.sampling.greedy
+        stages = tuple(self._stage(i + 1) for i in range(k - 1))  # depth i + 2 uses stage i + 1 (the last beyond)
+        if self.tree is None and k == ctx.engine.max_draft:  # the usual draft: catch-up and draft loop in one step
+            pairs = pending_pairs(ctx, self.cache_length, "mtp")
+            rows = None if pairs is None else pending_rows(pairs[0].shape[0], k)
+            if pairs is not None and rows is not None:
+                positions, uniforms = self._chain_inputs(ctx, k, sampled)
+                tokens, probs = self.steps.fed_chain(mtp_chain, rows, (0, *pairs), k - 1, target.lm_head,
+                                                     target.embed_tokens, positions, uniforms, ctx.sampling, stages, k)
+                self._real = self.cache_length - (k - 1)  # the entries past it came from drafted outputs
+                return Draft(tokens, probs)
         self._feed_pending(ctx)
         self._real = self.cache_length
         if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._feature, self._logit_input)
-        target, feature = ctx.target, self._feature
-        positions = torch.arange(k - 1, device=feature.device) + ctx.tokens.shape[0] - 1  # of (d_i, feature)
-        sampled = self.sample and not ctx.sampling.greedy
-        uniforms = torch.rand(k, generator=ctx.generator, device=feature.device) if sampled else None
-        stages = tuple(self._stage(i + 1) for i in range(k - 1))  # depth i + 2 uses stage i + 1 (the last beyond)
-        args = (target.lm_head, target.embed_tokens, feature, self._logit_input, positions, uniforms, ctx.sampling,
-                stages, k)
-        if k == ctx.engine.max_draft:  # the usual draft: the whole loop in one step (one graph when compiled)
+        positions, uniforms = self._chain_inputs(ctx, k, sampled)
+        args = ((self._feature, self._logit_input), target.lm_head, target.embed_tokens, positions, uniforms,
+                ctx.sampling, stages, k)
+        if k == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled)
             tokens, probs = self.steps.chain(mtp_chain, k - 1, *args)
         else:  # a shorter one (the budget's end, k=auto): module step by module step
 
@@ -270,6 +279,12 @@ class MtpDrafter:
 
             tokens, probs = mtp_chain(head, None, *args)
         return Draft(tokens, probs)
+
+    def _chain_inputs(self, ctx: DraftContext, k: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The positions of the fed-back pairs [k - 1] and the draws' uniforms [k] (None unsampled)."""
+        device = ctx.tokens.device
+        positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1  # of (d_i, feature)
+        return positions, torch.rand(k, generator=ctx.generator, device=device) if sampled else None
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
         """Grow a dynamic tree: a depth-d node runs through stage d with its parent's fed-back

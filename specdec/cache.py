@@ -30,8 +30,8 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLa
                                       LinearAttentionCacheLayerMixin, StaticLayer)
 
 __all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions",
-           "has_recurrent_state", "new_cache", "restore", "snapshot", "static_cache_bytes", "static_capacity",
-           "static_obstacle",
+           "has_recurrent_state", "new_cache", "restore", "set_static_length", "snapshot", "static_cache_bytes",
+           "static_capacity", "static_obstacle",
            "tree_obstacle", "uncroppable_layers"]
 
 MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
@@ -179,6 +179,14 @@ def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
     crop_cache(cache, base + len(rows))
 
 
+def set_static_length(cache: Cache, length: torch.Tensor) -> None:
+    """Set a static cache's length to `length` (a 0-d integer tensor on the cache's device) in
+    place: a rollback that a compiled step can run inside its graph, between two forwards."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            layer.cumulative_length.copy_(length)
+
+
 def static_capacity(positions: int) -> int:
     """The size of a static cache holding `positions`: rounded up to a multiple of CAPACITY_STEP."""
     return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP
@@ -293,9 +301,12 @@ class KV:
         if self.capacity is None:
             gather_positions(self.cache, base, rows)
         elif rows != list(range(len(rows))):
+            index: torch.Tensor | None = None  # made once: the layers share a device (a per-layer copy cost 32 copies)
             for layer in self._layers:
                 keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
-                index = torch.tensor(rows, dtype=torch.long).to(keys.device, non_blocking=True) + base
+                if index is None or index.device != keys.device:
+                    index = torch.tensor([base + row for row in rows], dtype=torch.long).to(keys.device,
+                                                                                            non_blocking=True)
                 keys[:, :, base : base + len(rows)] = keys.index_select(2, index)
                 values[:, :, base : base + len(rows)] = values.index_select(2, index)
         self.rollback(base + len(rows))

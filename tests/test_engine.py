@@ -413,8 +413,9 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_zoo) -> Non
     for name in ("draft-model", "eagle", "mtp", "medusa"):
         for sampling in (Sampling(), Sampling(temperature=0.8)):
             drafter = specdec.make_drafter(name, **options[name])
-            specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, sampling=sampling, seed=0,
-                             compile=True)  # compiles
+            for new_tokens in (20, 40):  # compiles every shape the runs below meet (they repeat these)
+                specdec.generate(model, prompt, drafter=drafter, max_new_tokens=new_tokens, sampling=sampling,
+                                 seed=0, compile=True)
             reads = []
             for new_tokens in (20, 40):
                 with HostReads() as host:
@@ -424,6 +425,40 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_zoo) -> Non
             (short, short_steps), (long, long_steps) = reads
             assert long_steps > short_steps
             assert long - short == long_steps - short_steps, f"{name} {sampling}: host reads {reads}"
+
+
+def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, monkeypatch) -> None:
+    """EAGLE, EAGLE-3 and MTP catch up on the accepted tokens and draft their chain in one step
+    (`HeadSteps.fed_chain`), compiled or not: one drafter call per verify step, not two, and the
+    tokens are plain greedy decoding's."""
+    from specdec import engine, zoo
+    from specdec.checkpoints import load_causal_lm
+
+    model = load_causal_lm(quick_zoo / "target")
+    options = zoo.drafter_options(quick_zoo)
+    prompt = list(range(3, 40))
+    plain = specdec.generate(model, prompt, max_new_tokens=40).tokens
+    calls: list[str] = []
+    original = engine.Step.__call__
+
+    def counted(self, *args):
+        calls.append(self.name)
+        return original(self, *args)
+
+    monkeypatch.setattr(engine.Step, "__call__", counted)
+    for name in ("eagle", "eagle3", "mtp"):
+        drafter = specdec.make_drafter(name, **options[name])
+        for compile in (False, True):
+            calls.clear()
+            result = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, compile=compile)
+            assert result.tokens == plain, f"{name}, compile={compile}"
+            head = [call for call in calls if call.startswith(drafter.steps.name)]
+            fed = [call for call in head if call.endswith("catch-up and draft loop")]
+            assert result.stats.steps >= 8 and len(fed) >= result.stats.steps - 2, f"{name}: {head}"
+            # the first draft follows the prefill (nothing to catch up on); the budget's end drafts
+            # fewer than k tokens, head step by head step
+            assert len(head) <= result.stats.steps + 4, f"{name}, compile={compile}: {len(head)} drafter " \
+                                                        f"calls for {result.stats.steps} verify steps"
 
 
 # --- what runs on a static cache, and what compiles -------------------------------------------------

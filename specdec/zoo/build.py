@@ -95,6 +95,14 @@ def _bytes(directory: Path) -> int:
 
 def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Callable[[str], None]) -> None:
     started = time.perf_counter()
+    stages: dict[str, float] = {}  # seconds of each step of the build, in order
+    mark = [started]
+
+    def done(stage: str) -> None:
+        now = time.perf_counter()
+        stages[stage] = round(now - mark[0], 1)
+        mark[0] = now
+        say(f"  ({stage.replace('_', ' ')}: {stages[stage]:.0f} s)")
     corpus = stdlib_corpus()
     say(f"corpus: {len(corpus.train)} training and {len(corpus.heldout)} held-out files from {corpus.root}")
     texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
@@ -105,6 +113,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     eos = int(tokenizer.eos_token_id)
     data = encode_corpus(tokenizer, corpus, eos, settings.train_chars, settings.heldout_chars)
     say(f"data: {data.train.shape[0]:,} training and {data.heldout.shape[0]:,} held-out tokens")
+    done("tokenizer_and_data")
 
     torch.manual_seed(settings.seed)
     target = Qwen3ForCausalLM(target_config(settings.target, settings.vocab_size, eos)).float()
@@ -114,6 +123,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
         target.save_pretrained(work / "target")
     write_mtp(mtp_head, work / "target")
     tokenizer.save_pretrained(str(work / "target"))
+    done("target")
 
     students: list[Any] = [
         DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
@@ -130,9 +140,11 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     save_medusa(medusa.module, work / "medusa")
     save_eagle(eagle.module, work / "eagle")
     save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
+    done("students")
     say("datastore: a suffix array of the training text, for the retrieval drafter")
     build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
                              sources=[str(corpus.root)])
+    done("datastore")
 
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
@@ -140,9 +152,12 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     figures = evaluate(target, [*students, mtp], windows)
     temperatures = value_temperatures(target, [*students, mtp], windows)
     (work / CALIBRATION).write_text(json.dumps(temperatures, indent=2, sort_keys=True) + "\n")
+    done("evaluation")
     acceptance = _acceptance(work, corpus, tokenizer, settings)
+    done("acceptance")
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
     costs = _costs(work, corpus, tokenizer, settings)
+    done("draft_tax")
     pieces: dict[str, dict[str, Any]] = {
         "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
         "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
@@ -162,7 +177,8 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     for name, figures in costs["drafters"].items():
         pieces[name]["draft_cost"] = figures
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
-              "build_seconds": round(time.perf_counter() - started, 1), "threads": torch.get_num_threads(),
+              "build_seconds": round(time.perf_counter() - started, 1), "stage_seconds": stages,
+              "threads": torch.get_num_threads(),
               "versions": software_versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
                                                   "heldout_files": data.heldout_files,
                                                   "train_tokens": int(data.train.shape[0]),

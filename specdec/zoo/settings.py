@@ -14,7 +14,7 @@ from specdec.training.target import TargetSize
 
 __all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
 
-ZOO_FORMAT = 7  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 8  # bump when the build changes what the same settings produce
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,12 @@ class ZooSettings:
 
 FULL = ZooSettings(
     name="full", vocab_size=2048, tokenizer_chars=3_000_000, train_chars=None, heldout_chars=None,
-    target=TargetSize(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384),
-    target_steps=Steps(steps=1600, batch=4, seq_len=352, lr=1.5e-2, seed=1),
-    draft=DraftSize(hidden=64, layers=2, heads=4, kv_heads=2),
+    target=TargetSize(hidden=64, layers=32, heads=2, kv_heads=1, intermediate=192),
+    target_steps=Steps(steps=1100, batch=4, seq_len=352, lr=1e-2, seed=1),
+    draft=DraftSize(hidden=96, layers=1, heads=3, kv_heads=1),
     medusa_heads=3, medusa_layers=1,
-    student_steps=Steps(steps=600, batch=4, seq_len=352, lr=1e-2, seed=2),
-    eagle3_layers=(1, 2, 3), eagle3_vocab=2048,
+    student_steps=Steps(steps=450, batch=4, seq_len=352, lr=1e-2, seed=2),
+    eagle3_layers=(2, 16, 29), eagle3_vocab=2048,
     eval_windows=24, eval_prompts=2, eval_new_tokens=64,
     cost_rounds=3, cost_compiled=True)
 
