@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import new_cache
-from specdec.drafters.feature_pairs import feed_pending, pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import chain_inputs, feed_pending, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow, tree_settings
@@ -180,20 +180,13 @@ def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
-def _chain_inputs(ctx: DraftContext, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The positions of the fed-back pairs (d_i, f̂) [k - 1] and the draws' uniforms [k] (None when greedy)."""
-    positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1
-    uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=device)
-    return positions, uniforms
-
-
 def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
                 feature: torch.Tensor) -> Draft:
     """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
     through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
     The usual draft (k = the loop's k) is one step, one graph when compiled; a shorter one (the
     budget's end, k=auto) runs head step by head step."""
-    positions, uniforms = _chain_inputs(ctx, k, feature.device)
+    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
     if k == ctx.engine.max_draft:
         tokens, probs = steps.chain(eagle_chain, k - 1, feature, logits, embed, positions, uniforms, ctx.sampling, k)
     else:
@@ -215,7 +208,7 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
     rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
     if pairs is None or rows is None or k != ctx.engine.max_draft:
         return None
-    positions, uniforms = _chain_inputs(ctx, k, pairs[0].device)
+    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
     tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, k - 1, logits, embed, positions, uniforms,
                                     ctx.sampling, k)
     return Draft(tokens, probs)

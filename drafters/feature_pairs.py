@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.protocols import DraftContext
 
-__all__ = ["feed_pending", "pending_pairs", "pending_rows"]
+__all__ = ["chain_inputs", "feed_pending", "pending_pairs", "pending_rows"]
 
 
 def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None
@@ -58,3 +58,11 @@ def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = Fals
         return None
     rows = None if eager else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
     return steps(rows, *pairs)[-1:]  # (1, H)
+
+
+def chain_inputs(ctx: DraftContext, k: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A chain draft's positions of the fed-back pairs (d_i, f̂) [k - 1], at T - 1, T, ..., and
+    its draws' uniforms [k] from the step's generator (None when `sampled` is false)."""
+    device = ctx.tokens.device
+    positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1
+    return positions, torch.rand(k, generator=ctx.generator, device=device) if sampled else None

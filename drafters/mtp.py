@@ -33,7 +33,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from specdec.checkpoints import resolve_checkpoint
-from specdec.drafters.feature_pairs import pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
@@ -255,7 +255,7 @@ class MtpDrafter:
             pairs = pending_pairs(ctx, self.cache_length, "mtp")
             rows = None if pairs is None else pending_rows(pairs[0].shape[0], k)
             if pairs is not None and rows is not None:
-                positions, uniforms = self._chain_inputs(ctx, k, sampled)
+                positions, uniforms = chain_inputs(ctx, k, sampled)
                 tokens, probs = self.steps.fed_chain(mtp_chain, rows, (0, *pairs), k - 1, target.lm_head,
                                                      target.embed_tokens, positions, uniforms, ctx.sampling, stages, k)
                 self._real = self.cache_length - (k - 1)  # the entries past it came from drafted outputs
@@ -266,7 +266,7 @@ class MtpDrafter:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
             return self._propose_tree(ctx, k, self._feature, self._logit_input)
-        positions, uniforms = self._chain_inputs(ctx, k, sampled)
+        positions, uniforms = chain_inputs(ctx, k, sampled)
         args = ((self._feature, self._logit_input), target.lm_head, target.embed_tokens, positions, uniforms,
                 ctx.sampling, stages, k)
         if k == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled)
@@ -279,12 +279,6 @@ class MtpDrafter:
 
             tokens, probs = mtp_chain(head, None, *args)
         return Draft(tokens, probs)
-
-    def _chain_inputs(self, ctx: DraftContext, k: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The positions of the fed-back pairs [k - 1] and the draws' uniforms [k] (None unsampled)."""
-        device = ctx.tokens.device
-        positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1  # of (d_i, feature)
-        return positions, torch.rand(k, generator=ctx.generator, device=device) if sampled else None
 
     def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
         """Grow a dynamic tree: a depth-d node runs through stage d with its parent's fed-back
