@@ -37,7 +37,8 @@ from specdec.cache import new_cache
 from specdec.drafters.feature_pairs import chain_inputs, feed_pending, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
-from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
+from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, tree_settings
 from specdec.drafters.weights import PICKLE, SAFETENSORS, read_weights
 from specdec.protocols import DraftContext
 from specdec.sampling import pick
@@ -45,7 +46,8 @@ from specdec.target import CausalLM
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
-__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "fed_chain_draft", "load_eagle", "save_eagle", "tree_draft"]
+__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "draft_entries", "eagle_tree", "fed_chain_draft", "load_eagle",
+           "sampled_tree_draft", "save_eagle", "topk_tree_draft"]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
@@ -198,27 +200,75 @@ def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, 
     return Draft(tokens, probs)
 
 
+def eagle_tree(head: Any, cache: Any, root: torch.Tensor, logits: nn.Module, embed: nn.Module, real: torch.Tensor,
+               start: torch.Tensor, width: int | None, tree: DynamicTree, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An EAGLE-2 top-k tree (`specdec.drafters.tree_graph.topk_tree`) from the head's output at the
+    last committed pair [1, H]: each expanded node runs as the pair (embed(its token), its parent's
+    output). Returns tokens [n] and parents [n]."""
+
+    def expand(e: int, tokens: torch.Tensor, states: tuple[torch.Tensor, ...], positions: torch.Tensor,
+               mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        out = head(embed(tokens), states[0], positions, cache, mask)  # (K, H)
+        return (out,), logits(out)
+
+    return topk_tree(expand, logits(root)[0], (root,), real, start, width, tree, depth)
+
+
+def draft_entries(tree: DynamicTree | None, k: int) -> int:
+    """Entries a feature-level head's draft of k writes past the real pairs: k - 1 fed-back pairs
+    for a chain, top_k per expanded depth for a top-k tree."""
+    return k - 1 if tree is None else expansions(tree, tree_depth(tree, k))
+
+
 def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, logits: nn.Module,
-                    embed: nn.Module) -> Draft | None:
-    """The usual chain draft (k = the loop's k) with the catch-up on the pairs not yet cached in
-    the same step (`HeadSteps.fed_chain`: one graph when compiled, not two); `embed` embeds both.
-    None when no pair is pending, or more than a padded step holds (after a prefill): the caller
-    then feeds them apart and drafts with `chain_draft`."""
+                    embed: nn.Module, tree: DynamicTree | None = None) -> Draft | None:
+    """The usual draft (k = the loop's k) with the catch-up on the pairs not yet cached in the
+    same step (`HeadSteps.fed_chain`: one graph when compiled, not two): a chain, or with `tree`
+    the top-k tree (`eagle_tree`); `embed` embeds both. None when no pair is pending, or more than
+    a padded step holds (after a prefill): the caller then feeds them apart and drafts with
+    `chain_draft` or `topk_tree_draft`."""
     pairs = pending_pairs(ctx, steps.length, drafter, embed)
     rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
     if pairs is None or rows is None or k != ctx.engine.max_draft:
         return None
+    if tree is not None:
+        depth = tree_depth(tree, k)
+        inputs = tree_inputs(steps, ctx, tree, steps.length + pairs[0].shape[0])
+        tokens, parents = steps.fed_chain(eagle_tree, rows, pairs, expansions(tree, depth), logits, embed, *inputs,
+                                          tree, depth)
+        return Draft(tokens, None, parents)
     positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
     tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, k - 1, logits, embed, positions, uniforms,
                                     ctx.sampling, k)
     return Draft(tokens, probs)
 
 
-def tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
-               embed: nn.Module, root: torch.Tensor) -> Draft:
-    """An EAGLE-2 dynamic tree from the root's output [1, H]: each depth's chosen nodes run as pairs
-    (d, the parent's output) in one forward (padded to top_k rows) on top of the real entries, at
-    position T - 2 + depth."""
+def tree_inputs(steps: HeadSteps, ctx: DraftContext, tree: DynamicTree, real: int
+                ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """A top-k tree's `real` (the head's real entries) and `start` (the position before depth 1,
+    T - 2) as 0-d tensors, and its masks' width (None for a cache that grows)."""
+    device = ctx.tokens.device
+    width = steps.width(tree.top_k) if steps.kv.static else None
+    return (torch.tensor(real).to(device, non_blocking=True),
+            torch.tensor(ctx.tokens.shape[0] - 2).to(device, non_blocking=True), width)
+
+
+def topk_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
+                    embed: nn.Module, root: torch.Tensor) -> Draft:
+    """An EAGLE-2 top-k tree from the root's output [1, H] on top of the real entries, as one step
+    (one graph when compiled; a shallower tree than usual, at the budget's end, runs eagerly)."""
+    depth = tree_depth(tree, k)
+    usual = depth == tree_depth(tree, ctx.engine.max_draft)
+    tokens, parents = steps.chain(eagle_tree, expansions(tree, depth), root, logits, embed,
+                                  *tree_inputs(steps, ctx, tree, steps.length), tree, depth, eager=not usual)
+    return Draft(tokens, None, parents)
+
+
+def sampled_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
+                       embed: nn.Module, root: torch.Tensor) -> Draft:
+    """A tree of i.i.d. sampled siblings (`grow_sampled_tree`, temperature > 0) from the root's
+    output [1, H]: each depth's chosen nodes run as pairs (d, the parent's output) in one forward
+    (padded to top_k rows) on top of the real entries, at position T - 2 + depth."""
     columns = TreeColumns(steps.length, steps.width, rows=tree.top_k)
     outputs: dict[int, torch.Tensor] = {}  # expanded node -> its output [H]
     start = ctx.tokens.shape[0] - 2
@@ -233,7 +283,7 @@ def tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, l
         outputs.update(zip(nodes, out))
         return logits(out)  # (f, V)
 
-    draft, _ = grow(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator, sampled=True)
+    draft, _ = grow_sampled_tree(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator)
     return draft
 
 
@@ -283,22 +333,21 @@ class EagleDrafter:
             self._feature = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        if self.tree is None and k > 0:  # the usual chain: catch-up and draft in one step
-            draft = fed_chain_draft(self.steps, ctx, "eagle", k, ctx.target.lm_head, ctx.target.embed_tokens)
+        topk = self.tree if ctx.sampling.greedy else None  # at temperature > 0 a tree's siblings are sampled
+        if k > 0 and (self.tree is None or topk is not None):  # the usual draft: catch-up and draft in one step
+            draft = fed_chain_draft(self.steps, ctx, "eagle", k, ctx.target.lm_head, ctx.target.embed_tokens, topk)
             if draft is not None:
-                self._real = self.steps.length - (k - 1)  # the entries past it came from drafted features
+                self._real = self.steps.length - draft_entries(topk, k)  # the entries past it came from drafts
                 return draft
         self._feed_pending(ctx)
         self._real = self.steps.length
         if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
-            return self._propose_tree(ctx, k, self._feature)
+            tree_draft = topk_tree_draft if topk is not None else sampled_tree_draft
+            return tree_draft(self.steps, ctx, k, self.tree, ctx.target.lm_head, ctx.target.embed_tokens,
+                              self._feature)
         return chain_draft(self.steps, ctx, k, ctx.target.lm_head, ctx.target.embed_tokens, self._feature)
-
-    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
-        assert self.tree is not None
-        return tree_draft(self.steps, ctx, k, self.tree, ctx.target.lm_head, ctx.target.embed_tokens, root)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # Entries past the real pairs came from drafted features: drop them. The accepted

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from specdec.drafters.eagle import chain_draft, fed_chain_draft, tree_draft
+from specdec.drafters.eagle import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
+                                    topk_tree_draft)
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_pairs import feed_pending
@@ -116,22 +117,20 @@ class Eagle3Drafter:
             self._out = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        if self.tree is None and k > 0:  # the usual chain: catch-up and draft in one step
-            draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx))
+        topk = self.tree if ctx.sampling.greedy else None  # at temperature > 0 a tree's siblings are sampled
+        if k > 0 and (self.tree is None or topk is not None):  # the usual draft: catch-up and draft in one step
+            draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx), topk)
             if draft is not None:
-                self._real = self.steps.length - (k - 1)  # the entries past it came from drafted features
+                self._real = self.steps.length - draft_entries(topk, k)  # the entries past it came from drafts
                 return draft
         self._feed_pending(ctx)
         self._real = self.steps.length
         if k <= 0 or self._out is None:
             return Draft(ctx.tokens[:0])
         if self.tree is not None:
-            return self._propose_tree(ctx, k, self._out)
+            tree_draft = topk_tree_draft if topk is not None else sampled_tree_draft
+            return tree_draft(self.steps, ctx, k, self.tree, self.vocab, self._embed(ctx), self._out)
         return chain_draft(self.steps, ctx, k, self.vocab, self._embed(ctx), self._out)
-
-    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor) -> Draft:
-        assert self.tree is not None
-        return tree_draft(self.steps, ctx, k, self.tree, self.vocab, self._embed(ctx), root)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self.steps.kv.rollback(min(self._real, self.steps.length))

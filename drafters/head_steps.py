@@ -77,11 +77,12 @@ class HeadSteps:
         self.kv.rollback(base + n)
         return _rows(out, n)
 
-    def chain(self, fn: Callable[..., Any], rows: int, *args: Any) -> Any:
+    def chain(self, fn: Callable[..., Any], rows: int, *args: Any, eager: bool = False) -> Any:
         """`fn(head, cache, *args)`: a drafter's draft loop, which writes `rows` entries, run as one
-        step (one compiled graph per shape), e.g. k - 1 head forwards and k draws."""
+        step (one compiled graph per shape), e.g. k - 1 head forwards and k draws; `eager` runs it
+        uncompiled (a shape met once, as at the budget's end)."""
         self.kv.reserve(rows)
-        if not self.kv.initialized:  # transformers allocates a static cache on its first write: never compiled
+        if eager or not self.kv.initialized:  # transformers allocates a static cache on its first write: never compiled
             out = fn(self.head, self.kv.cache, *args)
         else:
             step = step_for(self._chains, fn, f"{self.name}'s draft loop", self._compile, self.head, args,

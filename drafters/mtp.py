@@ -36,7 +36,9 @@ from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.eagle import tree_inputs
+from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
+from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, tree_settings
 from specdec.protocols import DraftContext
 from specdec.sampling import pick
 from specdec.target import CausalLM
@@ -189,6 +191,23 @@ def mtp_chain(head: Any, cache: Any, out: tuple[torch.Tensor, torch.Tensor], lm_
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
+def mtp_tree(head: Any, cache: Any, out: tuple[torch.Tensor, torch.Tensor], lm_head: nn.Module, embed: nn.Module,
+             real: torch.Tensor, start: torch.Tensor, width: int | None, tree: DynamicTree, depth: int,
+             stages: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An EAGLE-2 top-k tree (`specdec.drafters.tree_graph.topk_tree`) from the stage output at the
+    last committed position, `out` = (the fed-back feature, the LM-head input), [1, H] each:
+    expansion e runs its nodes through stage stages[e - 1] with their parents' fed-back features.
+    Returns tokens [n] and parents [n]."""
+    feature, logit_input = out
+
+    def expand(e: int, tokens: torch.Tensor, states: tuple[torch.Tensor, ...], positions: torch.Tensor,
+               mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        fed_back, logit_in = head(stages[e - 1], embed(tokens), states[0], positions, cache, mask)  # (K, H) each
+        return (fed_back,), lm_head(logit_in)
+
+    return topk_tree(expand, lm_head(logit_input)[0], (feature,), real, start, width, tree, depth)
+
+
 class MtpDrafter:
     """Drafts with the MTP module stored in the target checkpoint at `path` (a directory or a hub id).
 
@@ -250,25 +269,41 @@ class MtpDrafter:
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         target = ctx.target
         sampled = self.sample and not ctx.sampling.greedy
-        stages = tuple(self._stage(i + 1) for i in range(k - 1))  # depth i + 2 uses stage i + 1 (the last beyond)
-        if self.tree is None and k == ctx.engine.max_draft:  # the usual draft: catch-up and draft loop in one step
+        topk = None if sampled else self.tree  # a top-k tree, unless its siblings are sampled
+        if k == ctx.engine.max_draft and (self.tree is None or topk is not None):  # catch-up and draft in one step
             pairs = pending_pairs(ctx, self.cache_length, "mtp")
             rows = None if pairs is None else pending_rows(pairs[0].shape[0], k)
             if pairs is not None and rows is not None:
+                if topk is not None:
+                    depth = tree_depth(topk, k)
+                    inputs = tree_inputs(self.steps, ctx, topk, self.cache_length + pairs[0].shape[0])
+                    tokens, parents = self.steps.fed_chain(mtp_tree, rows, (0, *pairs), expansions(topk, depth),
+                                                           target.lm_head, target.embed_tokens, *inputs, topk,
+                                                           depth, self._stages(depth))
+                    self._real = self.cache_length - expansions(topk, depth)  # the entries past it came from drafts
+                    return Draft(tokens, None, parents)
                 positions, uniforms = chain_inputs(ctx, k, sampled)
                 tokens, probs = self.steps.fed_chain(mtp_chain, rows, (0, *pairs), k - 1, target.lm_head,
-                                                     target.embed_tokens, positions, uniforms, ctx.sampling, stages, k)
-                self._real = self.cache_length - (k - 1)  # the entries past it came from drafted outputs
+                                                     target.embed_tokens, positions, uniforms, ctx.sampling,
+                                                     self._stages(k), k)
+                self._real = self.cache_length - (k - 1)
                 return Draft(tokens, probs)
         self._feed_pending(ctx)
         self._real = self.cache_length
         if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
             return Draft(ctx.tokens[:0])
+        out = (self._feature, self._logit_input)
+        if topk is not None:
+            depth = tree_depth(topk, k)
+            usual = depth == tree_depth(topk, ctx.engine.max_draft)  # else eagerly: a shape met once
+            tokens, parents = self.steps.chain(mtp_tree, expansions(topk, depth), out, target.lm_head,
+                                               target.embed_tokens, *tree_inputs(self.steps, ctx, topk, self._real),
+                                               topk, depth, self._stages(depth), eager=not usual)
+            return Draft(tokens, None, parents)
         if self.tree is not None:
-            return self._propose_tree(ctx, k, self._feature, self._logit_input)
+            return self._sampled_tree(ctx, k, self._feature, self._logit_input)
         positions, uniforms = chain_inputs(ctx, k, sampled)
-        args = ((self._feature, self._logit_input), target.lm_head, target.embed_tokens, positions, uniforms,
-                ctx.sampling, stages, k)
+        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, ctx.sampling, self._stages(k), k)
         if k == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled)
             tokens, probs = self.steps.chain(mtp_chain, k - 1, *args)
         else:  # a shorter one (the budget's end, k=auto): module step by module step
@@ -280,9 +315,14 @@ class MtpDrafter:
             tokens, probs = mtp_chain(head, None, *args)
         return Draft(tokens, probs)
 
-    def _propose_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
-        """Grow a dynamic tree: a depth-d node runs through stage d with its parent's fed-back
-        feature, in one forward per depth on top of the real entries, at position T - 2 + d."""
+    def _stages(self, k: int) -> tuple[int, ...]:
+        """The stage of each fed-back step of a draft of k: depth i + 2 uses stage i + 1 (the last beyond)."""
+        return tuple(self._stage(i + 1) for i in range(k - 1))
+
+    def _sampled_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
+        """A tree of i.i.d. sampled siblings (`grow_sampled_tree`): a depth-d node runs through stage d
+        with its parent's fed-back feature, in one forward per depth on top of the real entries, at
+        position T - 2 + d."""
         assert self.tree is not None
         lm_head, embed = ctx.target.lm_head, ctx.target.embed_tokens
         columns = TreeColumns(self.steps.length, self.steps.width, rows=self.tree.top_k)
@@ -301,8 +341,7 @@ class MtpDrafter:
             outputs.update(zip(nodes, fed_back))
             return lm_head(logit_input)  # (f, V)
 
-        draft, _ = grow(lm_head(root_input)[0], expand, self.tree, k, ctx.sampling, ctx.generator,
-                        sampled=self.sample)
+        draft, _ = grow_sampled_tree(lm_head(root_input)[0], expand, self.tree, k, ctx.sampling, ctx.generator)
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:

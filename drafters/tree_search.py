@@ -10,8 +10,13 @@ first, so the kept set contains the ancestors of each of its nodes.
 
 Candidates are deterministic (top-k), so the verifier treats siblings by sample-and-match, which
 keeps sampling exact at any temperature. At temperature > 0 a drafter may instead grow a tree of
-i.i.d. sampled siblings (`grow_sampled_tree`), verified by SpecInfer's residual chain. The drafter supplies one callback that runs a depth's
-chosen nodes and returns their next-token logits; where its cache puts them is its business.
+i.i.d. sampled siblings (`grow_sampled_tree`), verified by SpecInfer's residual chain. The drafter
+supplies one callback that runs a depth's chosen nodes and returns their next-token logits; where
+its cache puts them is its business.
+
+This is the host-side search: the draft model's top-k trees and every drafter's sampled trees.
+EAGLE, EAGLE-3 and MTP build the same top-k tree as fixed-shape tensor operations, one step
+(`specdec.drafters.tree_graph`), which `grow_tree` is the reference for.
 """
 
 from __future__ import annotations

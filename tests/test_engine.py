@@ -428,10 +428,11 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_zoo) -> Non
 
 
 def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, monkeypatch) -> None:
-    """EAGLE, EAGLE-3 and MTP catch up on the accepted tokens and draft their chain in one step
-    (`HeadSteps.fed_chain`), compiled or not: every draft of the loop's k tokens after the first
-    (which follows the prefill, with nothing to catch up on) is one drafter call, and the tokens
-    are plain greedy decoding's."""
+    """EAGLE, EAGLE-3 and MTP catch up on the accepted tokens and draft their chain, or their
+    greedy top-k tree (`specdec.drafters.tree_graph`), in one step (`HeadSteps.fed_chain`),
+    compiled or not: every draft of the loop's k tokens after the first (which follows the
+    prefill, with nothing to catch up on) is one drafter call, and the tokens are plain greedy
+    decoding's."""
     from specdec import engine, zoo
     from specdec.checkpoints import load_causal_lm
 
@@ -447,8 +448,8 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, m
         return original(self, *args)
 
     monkeypatch.setattr(engine.Step, "__call__", counted)
-    for name in ("eagle", "eagle3", "mtp"):
-        drafter = specdec.make_drafter(name, **options[name])
+    for name, tree in [(name, tree) for name in ("eagle", "eagle3", "mtp") for tree in (False, True)]:
+        drafter = specdec.make_drafter(name, **options[name], tree=tree)
         propose = drafter.propose
         drafts: list[tuple[int, list[str]]] = []  # (k asked, the drafter's step calls)
 
@@ -462,11 +463,11 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, m
         for compile in (False, True):
             drafts.clear()
             result = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, compile=compile)
-            assert result.tokens == plain, f"{name}, compile={compile}"
+            assert result.tokens == plain, f"{name}, tree={tree}, compile={compile}"
             full = [made for k, made in drafts[1:] if k == 4]
-            assert len(full) >= 5, f"{name}: too few full drafts to judge: {drafts}"
+            assert len(full) >= 5, f"{name}, tree={tree}: too few full drafts to judge: {drafts}"
             assert all(len(made) == 1 and made[0].endswith("catch-up and draft loop") for made in full), \
-                f"{name}, compile={compile}: {full}"
+                f"{name}, tree={tree}, compile={compile}: {full}"
 
 
 # --- what runs on a static cache, and what compiles -------------------------------------------------
