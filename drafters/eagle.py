@@ -290,11 +290,12 @@ def sampled_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: Dynami
 class EagleDrafter:
     """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head.
 
-    tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_search`): top_k children per
-    expanded node, top_k nodes expanded per depth, the total_tokens most probable nodes kept,
-    depth levels at most (None: the loop's k), node values at value_temperature; at temperature
-    > 0 the siblings are i.i.d. draws from the head's processed distribution instead (reported
-    as q), total_tokens split evenly over the levels. Otherwise a chain, sampled from the head's
+    tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_graph`: the catch-up and the
+    whole tree one step): top_k children per expanded node, top_k nodes expanded per depth, the
+    total_tokens most probable nodes kept, depth levels at most (None: the loop's k), node values
+    at value_temperature; at temperature > 0 the siblings are i.i.d. draws from the head's
+    processed distribution instead (reported as q), total_tokens split evenly over the levels
+    (`grow_sampled_tree`, a forward per depth). Otherwise a chain, sampled from the head's
     processed distribution at temperature > 0. The head's cache is static and its steps
     fixed-shape (`specdec.drafters.head_steps`), compiled when the generation compiles.
     """

@@ -68,7 +68,7 @@ def check_fits(head: Eagle3Head, lm: CausalLM) -> None:
 class Eagle3Drafter:
     """Drafts with an EAGLE-3 head loaded from `path` (either layout).
 
-    tree=True drafts EAGLE-2 dynamic trees, as `eagle` does (`specdec.drafters.tree_search`),
+    tree=True drafts EAGLE-2 dynamic trees, as `eagle` does (`specdec.drafters.tree_graph`),
     else a chain; the head's cache is static and its steps fixed-shape, compiled when the
     generation compiles.
     """

@@ -213,7 +213,7 @@ class MtpDrafter:
 
     sample=False drafts the argmax (no q); sample=True draws from the processed distribution
     `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.
-    tree=True drafts a dynamic tree instead (`specdec.drafters.tree_search`): the top_k tokens
+    tree=True drafts a dynamic tree instead (`specdec.drafters.tree_graph`, one step): the top_k tokens
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
     most probable nodes kept, depth levels at most (None: the loop's k), node values at
     value_temperature; stage d runs depth d. With sample=True and temperature > 0 the siblings

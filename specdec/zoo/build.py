@@ -130,7 +130,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
         MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
                              settings.seed + 3, lr=settings.student_steps.lr),
         EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4),
-        Eagle3Student.create(target, data.train, settings.seed + 5, lr=settings.student_steps.lr,
+        Eagle3Student.create(target, data.train, settings.seed + 5, lr=settings.eagle3_lr,
                              draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)]
     distill(target, students, data.train, settings.student_steps, show_progress)
     draft, medusa, eagle, eagle3 = students

@@ -33,9 +33,11 @@ class ZooSettings:
     draft: DraftSize
     medusa_heads: int
     medusa_layers: int
-    student_steps: Steps  # draft model, Medusa and the EAGLE heads train together; EAGLE-1 at a quarter of its lr
+    student_steps: Steps  # draft model, Medusa and the EAGLE heads train together; EAGLE-1 at a quarter of its lr,
+    # EAGLE-3 at eagle3_lr
     eagle3_layers: tuple[int, ...]  # the target hidden states the EAGLE-3 head fuses (hidden_states indices)
     eagle3_vocab: int  # its draft vocabulary: the most frequent training tokens
+    eagle3_lr: float  # its learning rate (training-time test takes a higher one than the other students)
     eval_windows: int  # held-out windows for the losses
     eval_prompts: int  # held-out code prompts per category for the acceptance estimate
     eval_new_tokens: int
@@ -62,7 +64,7 @@ FULL = ZooSettings(
     draft=DraftSize(hidden=96, layers=1, heads=3, kv_heads=1),
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=450, batch=4, seq_len=352, lr=1e-2, seed=2),
-    eagle3_layers=(2, 16, 29), eagle3_vocab=2048,
+    eagle3_layers=(2, 16, 29), eagle3_vocab=2048, eagle3_lr=1.5e-2,
     eval_windows=24, eval_prompts=2, eval_new_tokens=64,
     cost_rounds=3, cost_compiled=True)
 
@@ -73,7 +75,7 @@ QUICK = ZooSettings(
     draft=DraftSize(hidden=32, layers=1, heads=2, kv_heads=1),
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
-    eagle3_layers=(0, 1, 2), eagle3_vocab=384,
+    eagle3_layers=(0, 1, 2), eagle3_vocab=384, eagle3_lr=3e-3,
     eval_windows=8, eval_prompts=1, eval_new_tokens=24,
     cost_rounds=1, cost_compiled=False)
 
