@@ -34,20 +34,18 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.cache import new_cache
-from specdec.drafters.feature_pairs import chain_inputs, feed_pending, pending_pairs, pending_rows
+from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
+                                            topk_tree_draft)
+from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
-from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
-from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, tree_settings
+from specdec.drafters.tree_search import tree_settings
 from specdec.drafters.weights import PICKLE, SAFETENSORS, read_weights
 from specdec.protocols import DraftContext
-from specdec.sampling import pick
 from specdec.target import CausalLM
-from specdec.trees import additive_mask
-from specdec.types import Draft, Sampling
+from specdec.types import Draft
 
-__all__ = ["EagleDrafter", "EagleHead", "chain_draft", "draft_entries", "eagle_tree", "fed_chain_draft", "load_eagle",
-           "sampled_tree_draft", "save_eagle", "topk_tree_draft"]
+__all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "layers.0.input_layernorm.weight")  # EAGLE never uses them
 
@@ -162,129 +160,6 @@ def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
     else:
         torch.save(state, path / PICKLE)
     return path
-
-
-def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module, embed: nn.Module,
-                positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A chain of k draft tokens from the predicted feature [1, H]: each token from the LM head
-    (`pick`: argmax, or a draw at uniforms[i]), each further feature from the head at
-    positions[i] ([k - 1]). Returns tokens [k] and q [k, V] (None when greedy)."""
-    tokens: list[torch.Tensor] = []
-    rows: list[torch.Tensor] = []
-    for i in range(k):
-        token, probs = pick(lm_head(feature), sampling, None if uniforms is None else uniforms[i : i + 1])  # (1,)
-        tokens.append(token)
-        if probs is not None:
-            rows.append(probs)
-        if i + 1 < k:  # the feature after the last draft is never needed
-            feature = head(embed(token), feature, positions[i : i + 1], cache)  # (1, H)
-    return torch.cat(tokens), torch.cat(rows) if rows else None
-
-
-def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
-                feature: torch.Tensor) -> Draft:
-    """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
-    through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
-    The usual draft (k = the loop's k) is one step, one graph when compiled; a shorter one (the
-    budget's end, k=auto) runs head step by head step."""
-    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
-    if k == ctx.engine.max_draft:
-        tokens, probs = steps.chain(eagle_chain, k - 1, feature, logits, embed, positions, uniforms, ctx.sampling, k)
-    else:
-
-        def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
-            return steps(1, embeds, features, position)
-
-        tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, ctx.sampling, k)
-    return Draft(tokens, probs)
-
-
-def eagle_tree(head: Any, cache: Any, root: torch.Tensor, logits: nn.Module, embed: nn.Module, real: torch.Tensor,
-               start: torch.Tensor, width: int | None, tree: DynamicTree, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """An EAGLE-2 top-k tree (`specdec.drafters.tree_graph.topk_tree`) from the head's output at the
-    last committed pair [1, H]: each expanded node runs as the pair (embed(its token), its parent's
-    output). Returns tokens [n] and parents [n]."""
-
-    def expand(e: int, tokens: torch.Tensor, states: tuple[torch.Tensor, ...], positions: torch.Tensor,
-               mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        out = head(embed(tokens), states[0], positions, cache, mask)  # (K, H)
-        return (out,), logits(out)
-
-    return topk_tree(expand, logits(root)[0], (root,), real, start, width, tree, depth)
-
-
-def draft_entries(tree: DynamicTree | None, k: int) -> int:
-    """Entries a feature-level head's draft of k writes past the real pairs: k - 1 fed-back pairs
-    for a chain, top_k per expanded depth for a top-k tree."""
-    return k - 1 if tree is None else expansions(tree, tree_depth(tree, k))
-
-
-def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, logits: nn.Module,
-                    embed: nn.Module, tree: DynamicTree | None = None) -> Draft | None:
-    """The usual draft (k = the loop's k) with the catch-up on the pairs not yet cached in the
-    same step (`HeadSteps.fed_chain`: one graph when compiled, not two): a chain, or with `tree`
-    the top-k tree (`eagle_tree`); `embed` embeds both. None when no pair is pending, or more than
-    a padded step holds (after a prefill): the caller then feeds them apart and drafts with
-    `chain_draft` or `topk_tree_draft`."""
-    pairs = pending_pairs(ctx, steps.length, drafter, embed)
-    rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
-    if pairs is None or rows is None or k != ctx.engine.max_draft:
-        return None
-    if tree is not None:
-        depth = tree_depth(tree, k)
-        inputs = tree_inputs(steps, ctx, tree, steps.length + pairs[0].shape[0])
-        tokens, parents = steps.fed_chain(eagle_tree, rows, pairs, expansions(tree, depth), logits, embed, *inputs,
-                                          tree, depth)
-        return Draft(tokens, None, parents)
-    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
-    tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, k - 1, logits, embed, positions, uniforms,
-                                    ctx.sampling, k)
-    return Draft(tokens, probs)
-
-
-def tree_inputs(steps: HeadSteps, ctx: DraftContext, tree: DynamicTree, real: int
-                ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
-    """A top-k tree's `real` (the head's real entries) and `start` (the position before depth 1,
-    T - 2) as 0-d tensors, and its masks' width (None for a cache that grows)."""
-    device = ctx.tokens.device
-    width = steps.width(tree.top_k) if steps.kv.static else None
-    return (torch.tensor(real).to(device, non_blocking=True),
-            torch.tensor(ctx.tokens.shape[0] - 2).to(device, non_blocking=True), width)
-
-
-def topk_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
-                    embed: nn.Module, root: torch.Tensor) -> Draft:
-    """An EAGLE-2 top-k tree from the root's output [1, H] on top of the real entries, as one step
-    (one graph when compiled; a shallower tree than usual, at the budget's end, runs eagerly)."""
-    depth = tree_depth(tree, k)
-    usual = depth == tree_depth(tree, ctx.engine.max_draft)
-    tokens, parents = steps.chain(eagle_tree, expansions(tree, depth), root, logits, embed,
-                                  *tree_inputs(steps, ctx, tree, steps.length), tree, depth, eager=not usual)
-    return Draft(tokens, None, parents)
-
-
-def sampled_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
-                       embed: nn.Module, root: torch.Tensor) -> Draft:
-    """A tree of i.i.d. sampled siblings (`grow_sampled_tree`, temperature > 0) from the root's
-    output [1, H]: each depth's chosen nodes run as pairs (d, the parent's output) in one forward
-    (padded to top_k rows) on top of the real entries, at position T - 2 + depth."""
-    columns = TreeColumns(steps.length, steps.width, rows=tree.top_k)
-    outputs: dict[int, torch.Tensor] = {}  # expanded node -> its output [H]
-    start = ctx.tokens.shape[0] - 2
-
-    def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
-        tokens = torch.tensor([search.tokens[n] for n in nodes], device=root.device)  # (f,)
-        parents = torch.stack([outputs[search.parents[n]] if search.parents[n] >= 0 else root[0]
-                               for n in nodes])  # (f, H)
-        positions = torch.full((len(nodes),), start + search.depths[nodes[0]], device=root.device)
-        mask = additive_mask(columns.visible(search, nodes, root.device), root.dtype)
-        out = steps(columns.padded(len(nodes)), embed(tokens), parents, positions, mask=mask)  # (f, H)
-        outputs.update(zip(nodes, out))
-        return logits(out)  # (f, V)
-
-    draft, _ = grow_sampled_tree(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator)
-    return draft
 
 
 class EagleDrafter:
