@@ -6,16 +6,18 @@ Importing specdec loads no plugins, models or files; the registry loads on first
 from __future__ import annotations
 
 from specdec.generate import generate
+from specdec.generate_batch import generate_batch
 from specdec.hookspecs import hookimpl
 from specdec.plugins import drafter_names, make_drafter
 from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import CausalLM
-from specdec.types import Draft, ExtraRows, Generation, Sampling, Stats, Verdict
+from specdec.types import BatchGenerations, Draft, ExtraRows, Generation, Sampling, Stats, Verdict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchGenerations",
     "CausalLM",
     "Draft",
     "DraftContext",
@@ -28,6 +30,7 @@ __all__ = [
     "__version__",
     "drafter_names",
     "generate",
+    "generate_batch",
     "hookimpl",
     "make_drafter",
     "probabilities",

@@ -29,8 +29,9 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
                                       LinearAttentionCacheLayerMixin, StaticLayer)
 
-__all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_positions",
-           "has_recurrent_state", "new_cache", "restore", "set_static_length", "snapshot", "static_cache_bytes",
+__all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
+           "has_recurrent_state", "new_cache", "restore", "select_batch", "set_static_length", "snapshot",
+           "static_cache_bytes",
            "static_capacity", "static_obstacle",
            "tree_obstacle", "uncroppable_layers"]
 
@@ -185,6 +186,30 @@ def set_static_length(cache: Cache, length: torch.Tensor) -> None:
     for layer in cache.layers:
         if isinstance(layer, StaticLayer) and layer.is_initialized:
             layer.cumulative_length.copy_(length)
+
+
+def gather_columns(cache: Cache, order: torch.Tensor) -> None:
+    """Reorder a batched static cache's columns in place, row by row: afterwards row b's column j
+    holds what its column order[b, j] held ([B, C] indices on the cache's device)."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            for name in ("keys", "values"):
+                stored = cast(torch.Tensor, getattr(layer, name))  # (B, heads, C, d)
+                index = order[:, None, :, None].expand(-1, stored.shape[1], -1, stored.shape[3])
+                stored.copy_(stored.gather(2, index))
+
+
+def select_batch(cache: Cache, rows: torch.Tensor) -> None:
+    """Keep the batch rows `rows` ([b] indices, in that order) of a static cache: each layer's
+    buffers are replaced by smaller ones, so a later forward runs a batch of b rows."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            layer.keys = cast(torch.Tensor, layer.keys).index_select(0, rows.to(layer.device))
+            layer.values = cast(torch.Tensor, layer.values).index_select(0, rows.to(layer.device))
+            layer.batch_size = int(rows.shape[0])
+            if layer.device.type == "cuda":  # fixed addresses for the CUDA graphs that replay on them
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
 
 
 def static_capacity(positions: int) -> int:

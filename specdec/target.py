@@ -24,7 +24,7 @@ from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state
                            static_obstacle, tree_obstacle, uncroppable_layers)
 from specdec.engine import Step, step_for
 from specdec.tree_logits import TreeLogits, head_reproduces
-from specdec.trees import additive_mask, ancestor_mask, depths
+from specdec.trees import additive_mask, verify_layout
 from specdec.types import ExtraRows
 
 __all__ = ["LAST_LAYER", "CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
@@ -228,22 +228,18 @@ class CausalLM:
         n = len(parents)
         width = max(rows or 0, n + 1)
         if width > n + 1:
-            parents = list(parents) + [-1] * (width - n - 1)
             input_ids = torch.cat([input_ids, input_ids.new_zeros(width - n - 1)])
         m = 0 if extra is None else extra.tokens.shape[0]
         base = self.cache_length
+        rows_visible, offsets = verify_layout(parents, width, extra, self.device)  # (width + m, width + m), (width + m,)
         visible = torch.zeros(width + m, self.mask_width(width + m), dtype=torch.bool, device=self.device)
         visible[:, :base] = True
-        visible[:width, base : base + width] = ancestor_mask(parents, device=self.device)  # (width, width)
-        positions = torch.tensor([0] + depths(parents), device=self.device) + base  # (width,)
+        visible[:, base : base + width + m] = rows_visible
+        positions = offsets + base  # (width + m,)
         if extra is not None:
             input_ids = torch.cat([input_ids, extra.tokens])  # (width + m,)
-            visible[width:, base] = True  # the root
-            visible[width:, base + width : base + width + m] = extra.visible | torch.eye(
-                m, dtype=torch.bool, device=self.device)  # (m, m)
-            positions = torch.cat([positions, extra.positions + base])  # (width + m,)
-            if self.learned_positions and self.max_positions:
-                positions = positions.clamp(max=self.max_positions - 1)
+        if self.learned_positions and self.max_positions:
+            positions = positions.clamp(max=self.max_positions - 1)
         # the root's and the extra rows' only, once the model is known to compute logits as
         # lm_head(hidden states); every row the first time (to check that, eagerly) and always
         # for models that do not
@@ -358,18 +354,23 @@ def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor,
                   hidden: tuple[int, ...], mask: torch.Tensor | None, positions: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` on `cache`: (logits [keep, V], the hidden states of the layers
-    `hidden` names, concatenated [n, len(hidden) * H], or None when it names none)."""
+    `hidden` names, concatenated [n, len(hidden) * H], or None when it names none).
+
+    input_ids [n] is one sequence; [B, n] is a batch (`specdec.batch_target`), whose outputs
+    keep the batch dimension: [B, keep, V] and [B, n, len(hidden) * H]."""
+    batched = input_ids.dim() == 2
     out = model(
-        input_ids=input_ids.unsqueeze(0),  # (1, n)
+        input_ids=input_ids if batched else input_ids.unsqueeze(0),  # (B, n)
         cache=cache,
         use_cache=True,
         logits_to_keep=keep,
         output_hidden_states=bool(hidden),
-        attention_mask=mask,  # (1, 1, n, width) additive, or None for causal
-        position_ids=positions,  # (1, n) or None for C, C + 1, ...
+        attention_mask=mask,  # (B, 1, n, width) additive, or None for causal
+        position_ids=positions,  # (B, n) or None for C, C + 1, ...
     )
-    logits = out.logits[0]  # (keep, V)
-    states = torch.cat([out.hidden_states[i][0] for i in hidden], dim=-1) if hidden else None  # (n, len * H)
+    logits = out.logits if batched else out.logits[0]  # ([B,] keep, V)
+    states = torch.cat([out.hidden_states[i] if batched else out.hidden_states[i][0] for i in hidden], dim=-1) \
+        if hidden else None  # ([B,] n, len * H)
     return logits, states
 
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.types import ExtraRows
+
 __all__ = ["additive_mask", "ancestor_mask", "chain_parents", "children", "depths", "first_path", "path_to",
-           "tree_from_paths"]
+           "tree_from_paths", "verify_layout"]
 
 
 def chain_parents(n: int) -> list[int]:
@@ -79,6 +81,28 @@ def ancestor_mask(parents: Sequence[int], device: torch.device | None = None) ->
     mask[:, 0] = True
     mask[torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(cols, dtype=torch.long, device=device)] = True
     return mask
+
+
+def verify_layout(parents: Sequence[int], width: int, extra: ExtraRows | None = None,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new rows of a verify forward: the root, the tree's n nodes padded to `width` rows (pad
+    nodes hang off the root, seen by no other row) and then the m extra rows (`ExtraRows`: each
+    sees the root, itself and the extra rows its `visible` names; no tree row sees them).
+
+    Returns visible [width + m, width + m] (True = attend) among these rows, on top of the cached
+    prefix every row sees, and each row's position offset after the root [width + m] (a node's
+    depth, an extra row's own offset). A chain is the tree `chain_parents(n)`.
+    """
+    padded = list(parents) + [-1] * (width - len(parents) - 1)
+    m = 0 if extra is None else extra.tokens.shape[0]
+    visible = torch.zeros(width + m, width + m, dtype=torch.bool, device=device)
+    visible[:width, :width] = ancestor_mask(padded, device=device)  # (width, width)
+    offsets = torch.tensor([0] + depths(padded), dtype=torch.long, device=device)  # (width,)
+    if extra is not None:
+        visible[width:, 0] = True  # the root
+        visible[width:, width:] = extra.visible.to(device) | torch.eye(m, dtype=torch.bool, device=device)  # (m, m)
+        offsets = torch.cat([offsets, extra.positions.to(device)])  # (width + m,)
+    return visible, offsets
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Sampling", "Draft", "ExtraRows", "Verdict", "Stats", "Generation", "total_stats"]
+__all__ = ["Sampling", "Draft", "ExtraRows", "Verdict", "Stats", "Generation", "BatchGenerations", "total_stats"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,14 @@ class Generation:
 
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
+
+
+class BatchGenerations(list[Generation]):
+    """The result of `specdec.generate_batch`: one Generation per prompt, in order, each with its
+    row's own counters (its steps are the batched forwards it took part in, its verify seconds
+    theirs, its wall seconds until it finished), and `totals`, the batch's: its batched
+    forwards, every row's tokens and drafts, and the seconds of the whole call."""
+
+    def __init__(self, generations: Sequence[Generation], totals: Stats) -> None:
+        super().__init__(generations)
+        self.totals = totals

@@ -107,6 +107,19 @@ def greedy_verdict(target_tokens: torch.Tensor, tokens: torch.Tensor) -> tuple[t
     return matches.cumprod(0).sum(), target_tokens[: k + 1], matches.float()
 
 
+def greedy_verdicts(target_tokens: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Greedy verification of B chains at once, on the device: the number accepted of each [B].
+
+    target_tokens: [B, w + 1] the target's argmax at each row's positions; tokens: [B, w], row b's
+    draft in its first lengths[b] entries (the rest padding, never accepted). As in
+    `greedy_verdict`, row b emits target_tokens[b, : num_accepted[b] + 1].
+    """
+    width = tokens.shape[1]
+    drafted = torch.arange(width, device=tokens.device)[None] < lengths[:, None]  # (B, w)
+    matches = (tokens == target_tokens[:, :width]) & drafted  # (B, w)
+    return matches.long().cumprod(dim=1).sum(dim=1)
+
+
 def verify_greedy(target_tokens: torch.Tensor, tokens: torch.Tensor) -> Verdict:
     """Greedy verification: accept while the draft equals the target's argmax (`greedy_verdict`).
 
