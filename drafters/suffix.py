@@ -30,6 +30,8 @@ trie node), so the verifier's sample-and-match rule keeps decoding lossless.
 
 from __future__ import annotations
 
+import copy
+
 import heapq
 import math
 from collections import deque
@@ -324,8 +326,25 @@ class SuffixDrafter:
         self._start([])
 
     def prefill(self, ctx: DraftContext) -> None:
-        """Fold the previous request's output into the global trie; rebuild the per-request one."""
+        """Fold the previous request's output into the global trie (if `finish` did not); rebuild
+        the per-request one."""
         self._start(ctx.tokens.tolist())
+
+    def finish(self, ctx: DraftContext) -> None:
+        """The request ended: fold its output into the global trie now."""
+        self._observe(ctx)
+        output = self._ids[self._prompt_length :]
+        if output:
+            self.memory.add(output)
+        self._prompt_length = len(self._ids)  # folded: the next request's start adds nothing twice
+
+    def fork(self) -> SuffixDrafter:
+        """A drafter for another row of a batch: the same options and the same global trie (what
+        every row outputs is remembered for all), a request of its own."""
+        twin = copy.copy(self)
+        twin._ids, twin._prompt_length = [], 0
+        twin._start([])
+        return twin
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self._observe(ctx)

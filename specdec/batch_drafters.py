@@ -17,7 +17,10 @@ The class-level declarations are those of the batch-1 protocol (`max_draft_nodes
 The adapter. A drafter without `propose_batch` decodes each row with an instance of its own:
 the drafter itself for row 0 and, for each other row, its `fork()` when it defines one (a
 fresh instance sharing what is read-only or learnt across generations), else a deep copy that
-shares its torch modules (weights are never copied). Each instance sees the batch-1 protocol
+shares its torch modules (weights are never copied) and re-seeds each torch.Generator it holds,
+so that copies of a drafter with a random source of its own draw apart (rows of one batch
+stay independent, as they are in plain sampling; builtin drafters draw from ctx.generator,
+which is each row's own). Each instance sees the batch-1 protocol
 unchanged: prefill, propose, commit, and `finish` when its row ends. A drafter that can be
 neither forked nor copied cannot batch, and says so by name.
 """
@@ -45,12 +48,13 @@ def batched(drafter: Drafter, name: str, rows: int) -> Any:
     return RowDrafters(drafter, name, rows)
 
 
-def fork_drafter(drafter: Drafter, name: str) -> Drafter:
-    """Another instance of `drafter` for one more row: its `fork()`, else a deep copy sharing
-    its torch modules. Raises DraftError naming the drafter when neither works."""
+def fork_drafter(drafter: Drafter, name: str, row: int) -> Drafter:
+    """Another instance of `drafter` for row `row`: its `fork()`, else a deep copy sharing its
+    torch modules, its generators re-seeded for the row. Raises DraftError naming the drafter
+    when neither works."""
     method = getattr(drafter, "fork", None)
     try:
-        twin = method() if callable(method) else copy.deepcopy(drafter, memo=_shared_modules(drafter))
+        twin = method() if callable(method) else copy.deepcopy(drafter, memo=_copy_memo(drafter, row))
     except Exception as error:
         how = "its fork() raised" if callable(method) else "it defines neither propose_batch nor fork(), and a copy failed"
         raise DraftError(f"drafter {name!r} cannot decode a batch: {how}: {type(error).__name__}: {error}; "
@@ -61,9 +65,10 @@ def fork_drafter(drafter: Drafter, name: str) -> Drafter:
     return twin
 
 
-def _shared_modules(root: object) -> dict[int, Any]:
-    """A deepcopy memo mapping every torch module reachable from `root`'s attributes (through
-    objects, lists, tuples and dicts) to itself, so a copy shares the weights."""
+def _copy_memo(root: object, row: int) -> dict[int, Any]:
+    """A deepcopy memo for row `row`'s copy of `root`: every torch module reachable from its
+    attributes (through objects, lists, tuples and dicts) maps to itself, so the copy shares the
+    weights, and every torch.Generator to a new one seeded from the old one's seed and the row."""
     memo: dict[int, Any] = {}
     seen: set[int] = set()
     stack: list[object] = [root]
@@ -74,6 +79,10 @@ def _shared_modules(root: object) -> dict[int, Any]:
         seen.add(id(item))
         if isinstance(item, nn.Module):
             memo[id(item)] = item
+        elif isinstance(item, torch.Generator):
+            fresh = torch.Generator(device=item.device)
+            fresh.manual_seed((item.initial_seed() + 0x9E3779B97F4A7C15 * row) % 2**63)
+            memo[id(item)] = fresh
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
@@ -90,7 +99,7 @@ class RowDrafters:
     def __init__(self, drafter: Drafter, name: str, rows: int) -> None:
         self.name = name
         self.drafter = drafter
-        self.instances: list[Drafter] = [drafter] + [fork_drafter(drafter, name) for _ in range(rows - 1)]
+        self.instances: list[Drafter] = [drafter] + [fork_drafter(drafter, name, row) for row in range(1, rows)]
         self.seconds: dict[int, float] = {}
 
     def prefill_batch(self, ctxs: dict[int, DraftContext]) -> None:

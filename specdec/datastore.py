@@ -325,6 +325,10 @@ class Datastore:
         self.fingerprint: str | None = manifest["tokenizer"].get("fingerprint")
         self.separator: int = int(np.iinfo(tokens.dtype).max)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Datastore:
+        """Itself: a datastore is read-only and memory-mapped, so copies of a drafter share it."""
+        return self
+
     def __repr__(self) -> str:
         return (f"Datastore({str(self.path)!r}: {self.suffixes.size:,} tokens in "
                 f"{self.manifest['num_documents']:,} documents, vocab {self.vocab_size})")

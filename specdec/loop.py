@@ -109,6 +109,8 @@ def decode(run: Run) -> Generation:
         record(run, proposal, block, commit_seconds)
         if block.stopped:
             break
+    if run.drafter is not None and hasattr(run.drafter, "finish"):
+        _call(run, "finish", run.ctx)
     new = run.tokens[run.prompt_length : run.length].tolist()
     stats = run.counters.stats(len(new), prefill_seconds, time.perf_counter() - start)
     return Generation(tokens=new, stats=stats)

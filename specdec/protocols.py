@@ -63,6 +63,13 @@ class Drafter(Protocol):
       commit(ctx, num_accepted) -> None: after each verify; `num_accepted` of the last draft's
           tokens are now committed (ctx.tokens has the new sequence, ctx.accepted which nodes
           of a tree); roll back own state.
+      finish(ctx) -> None: the generation ended; ctx holds its final tokens (a drafter that
+          learns from its outputs, like suffix decoding, folds this one in).
+      fork() -> Drafter: another instance for one more row of a batch (`specdec.generate_batch`):
+          it shares what is read-only (weights, a datastore) or learnt across generations, and
+          none of the per-generation state. Without it a batch deep-copies the drafter, sharing
+          its torch modules. A drafter may instead draft a whole batch itself
+          (`propose_batch`, see `specdec.batch_drafters`).
       max_draft_nodes(k) -> int: the most nodes a draft of depth at most k holds. A tree drafter
           declares it so the verify forward keeps one shape: the target's cache is sized for it
           and every tree is padded to it. Without it trees hold at most
