@@ -31,8 +31,15 @@ from specdec.sampling import probabilities
 from specdec.target import CausalLM
 from specdec.trees import chain_parents, depths, verify_layout
 from specdec.types import BatchGenerations, Draft, Generation, Sampling, Stats, Verdict, total_stats
-from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdicts, validate_draft, verify_tree,
-                              verify_tree_greedy)
+from specdec.verifier import (
+    DraftError,
+    chain_verdict,
+    draft_faults,
+    greedy_verdicts,
+    validate_draft,
+    verify_tree,
+    verify_tree_greedy,
+)
 
 __all__ = ["BatchRun", "Row", "decode_batch"]
 
@@ -75,7 +82,7 @@ class BatchRun:
     steps: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    layouts: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    layouts: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

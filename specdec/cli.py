@@ -2,6 +2,7 @@
 
     specdec drafters
     specdec generate --target DIR|ORG/NAME [--drafter NAME[:key=value,...]] [--k 4] [--chat] "prompt"
+    specdec generate --target DIR --drafter eagle:path=HEAD --prompts FILE   # a batch: one prompt per line
     specdec zoo {build,info,path}            (specdec.cli_zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli_train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli_bench)
@@ -152,6 +153,61 @@ def _prompt_ids(tokenizer: Any, text: str, chat: bool, target: str) -> list[int]
         raise CLIError(f"--chat: {one_line(error)}") from None
 
 
+def read_prompts(path: str) -> list[str]:
+    """The prompts of `specdec generate --prompts FILE`: a Spec-Bench question.jsonl (each
+    question's first turn), else one prompt per non-empty line."""
+    from pathlib import Path
+
+    from specdec.bench.questions import load_questions
+
+    file = Path(path)
+    if not file.is_file():
+        raise CLIError(f"--prompts {path!r} does not exist; give a file with one prompt per line or a Spec-Bench "
+                       "question.jsonl")
+    if file.suffix == ".jsonl":
+        try:
+            return [question.turns[0] for question in load_questions(file)]
+        except ValueError as error:
+            raise CLIError(one_line(error)) from None
+    prompts = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise CLIError(f"--prompts {path!r} holds no prompt (one per line)")
+    return prompts
+
+
+def _generate_batch_command(args: argparse.Namespace, sampling: Sampling) -> int:
+    """`specdec generate --prompts FILE`: every prompt in one batch (`specdec.generate_batch`)."""
+    from specdec.generate_batch import generate_batch
+
+    if args.prompt is not None:
+        raise CLIError("give either a prompt or --prompts FILE, not both")
+    if args.trace or args.show_steps:
+        raise CLIError("--trace and --show-steps follow one generation; drop --prompts to trace one prompt")
+    texts = read_prompts(args.prompts)
+    model_device(args.device)
+    target = resolve_target(args.target)
+    drafter = _make_drafter(args.drafter)
+    tokenizer, model = load_target(target, args)
+    prompts = [_prompt_ids(tokenizer, text, args.chat, args.target) for text in texts]
+    empty = [i + 1 for i, ids in enumerate(prompts) if not ids]
+    if empty:
+        raise CLIError(f"--prompts {args.prompts!r}: prompt {empty[0]} tokenises to no tokens")
+    try:
+        eos = _tokenizer_eos_ids(tokenizer, model) or None
+        results = generate_batch(model, prompts, drafter=drafter, num_draft_tokens=args.k,
+                                 max_new_tokens=args.max_new_tokens, sampling=sampling, eos_token_id=eos,
+                                 seed=args.seed, compile=args.compile)
+    except (ValueError, OSError) as error:
+        raise CLIError(one_line(error)) from None
+    for number, result in enumerate(results, start=1):
+        print(f"--- prompt {number}")
+        print(tokenizer.decode(result.tokens, skip_special_tokens=True))
+        print(stats_line(result.stats))
+    print(f"--- batch of {len(results)}")
+    print(stats_line(results.totals))
+    return 0
+
+
 def _generate_command(args: argparse.Namespace) -> int:
     try:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -160,6 +216,10 @@ def _generate_command(args: argparse.Namespace) -> int:
     for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens)):
         if value < 0:
             raise CLIError(f"{flag} must be >= 0, got {value}")
+    if args.prompts is not None:
+        return _generate_batch_command(args, sampling)
+    if args.prompt is None:
+        raise CLIError("give a prompt, or --prompts FILE for a batch")
     model_device(args.device)  # fail before any loading
     target = resolve_target(args.target)
     drafter = _make_drafter(args.drafter)
@@ -191,7 +251,9 @@ def _parser() -> argparse.ArgumentParser:
     drafters = commands.add_parser("drafters", help="list the registered drafters and their plugins")
     drafters.set_defaults(run=_drafters_command)
     gen = commands.add_parser("generate", help="generate from a checkpoint, speculatively")
-    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("prompt", nargs="?", default=None, help="the prompt text")
+    gen.add_argument("--prompts", metavar="FILE", default=None,
+                     help="decode a batch: one prompt per line, or a Spec-Bench question.jsonl (first turns)")
     gen.add_argument("--target", required=True, metavar="DIR|ORG/NAME",
                      help="model and tokenizer: a local directory or a hub id (org/name[@revision], from the "
                           "hub cache when HF_HUB_OFFLINE=1)")

@@ -6,6 +6,7 @@
     specdec bench --target org/name --prompts question.jsonl --prompt-format raw   # no chat template
     specdec bench --engine both                     # every specdec row eager and compiled (default: compiled)
     specdec bench --noise-bound 0.05 --max-repeats 12   # stricter about a busy machine's timings
+    specdec bench --batch 1 2 4 8 16 32             # tokens/s against batch size: where speculation stops paying
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def _bench(args: argparse.Namespace) -> int:
             for line in skipped:
                 print(f"specdec: skipping drafter {line}", file=sys.stderr)
         engine = "compiled" if args.compile else args.engine
+        if args.batch:
+            return _batch_curve(args, target, drafters, sampling, engine)
         config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
                              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                              max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
@@ -136,6 +139,74 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[str, dict[str, Any]]],
+                 sampling: Any, engine: str) -> int:
+    """`specdec bench --batch B...`: every contender at every batch size (`specdec.bench.batch_curve`)."""
+    import json
+
+    from specdec.bench.batch_curve import BATCH_SCHEMA, BatchCurveConfig, curve_table, run_curve, stops_paying
+    from specdec.bench.plots import write_batch_plot
+    from specdec.bench.questions import from_prompts, load_questions
+    from specdec.bench.session import BenchConfig, contenders_for, machine_info, turn_encoder, used_prompt_format
+    from specdec.corpus import stdlib_corpus
+    from specdec.prompts import code_prompts
+    from specdec.training.optim import progress
+    from specdec.versions import software_versions
+
+    if engine == "both":
+        raise ValueError("--batch runs one engine: give --engine eager or --engine compiled")
+    if len(args.k) != 1 or not isinstance(args.k[0], int):
+        raise ValueError(f"--batch runs one draft length: give one int --k, got {' '.join(map(str, args.k))}")
+    if any("k" in options and options["k"] == "auto" for _, options in drafters):
+        raise ValueError("--batch does not run k=auto drafters")
+    contenders = tuple(c for c in contenders_for(drafters, args.k, False, (engine,)) if c.peer is None)
+    config = BatchCurveConfig(batches=tuple(args.batch), contenders=contenders, sampling=sampling,
+                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+                              seed=args.seed, peers=not args.no_peers, noise_bound=args.noise_bound)
+    tokenizer, model = load_target(target, args)
+    settings = BenchConfig(target=target, drafters=(), prompts=Path(args.prompts) if args.prompts else None,
+                           prompt_format=args.prompt_format)
+    used = used_prompt_format(settings, tokenizer)
+    questions = load_questions(args.prompts) if args.prompts else from_prompts(code_prompts(stdlib_corpus()))
+    encode = turn_encoder(tokenizer, used)
+    prompts = [encode(q.turns, [], 0) for q in questions]
+    rounds = (config.warmup + config.repeats) * len(config.batches) * (len(contenders) + int(config.peers))
+    bar = progress(rounds, "bench --batch", not args.no_progress)
+    try:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        records = run_curve(model, prompts, config, lambda: bar.update(1), pad_id=int(pad))
+    finally:
+        bar.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"schema": BATCH_SCHEMA, "machine": machine_info(model.device), "versions": software_versions(),
+                "settings": {"target": str(target), "batches": list(config.batches), "k": args.k[0],
+                             "engine": engine, "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
+                             "warmup": config.warmup, "seed": config.seed, "noise_bound": config.noise_bound,
+                             "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                          "top_p": sampling.top_p},
+                             "prompts": None if args.prompts is None else str(args.prompts),
+                             "distinct_prompts": len(prompts), "prompt_format": used},
+                "stops_paying": stops_paying(records), "records": records}
+    (out / "batch.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    written = [out / "batch.json"]
+    try:
+        written.append(write_batch_plot(records, out / "plots"))
+    except ImportError:
+        print("specdec: matplotlib is not installed; no plot (pip install matplotlib)", file=sys.stderr)
+    print(f"{len(prompts)} distinct prompts, {config.max_new_tokens} new tokens per row, "
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, k = {args.k[0]}, {engine}, "
+          f"median over {config.repeats} rounds; speedup over plain decoding at the same batch size; "
+          f"~ marks a cell spreading more than {config.noise_bound:.0%}")
+    print(curve_table(records))
+    print("\nwrote " + ", ".join(str(path) for path in written))
+    wrong = sorted({r["contender"] for r in records if r["same_as_plain"] is False and r["peer"] is None})
+    if wrong:
+        print(f"specdec: error: {', '.join(wrong)} did not reproduce plain greedy decoding", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_bench_command(commands: Any) -> None:
     """Register `bench` under the top-level subparsers."""
     from specdec.bench.report import NOISE_BOUND
@@ -172,6 +243,9 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="default ./bench-results")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--batch", type=int, nargs="+", default=None, metavar="B",
+                       help="batch sizes: tokens/s of plain decoding and each drafter with B prompts decoded "
+                            "together (specdec.generate_batch), the speedup at each B and where it stops paying")
     bench.add_argument("--engine", choices=("eager", "compiled", "both"), default="compiled",
                        help="specdec's rows compiled (the default), eager, or both side by side")
     add_model_options(bench)

@@ -13,8 +13,7 @@ from specdec.batch_target import BatchLM
 from specdec.cache import static_capacity
 from specdec.counters import Counters
 from specdec.engine import UNDECLARED_NODES, Engine
-from specdec.generate import (_check_count, _draft_nodes, _drafter_name, _eos_ids, _extra_rows, _prompt,
-                              _resolve_drafter)
+from specdec.generate import _check_count, _draft_nodes, _drafter_name, _eos_ids, _extra_rows, _prompt, _resolve_drafter
 from specdec.protocols import Drafter
 from specdec.target import CausalLM
 from specdec.types import BatchGenerations, Sampling

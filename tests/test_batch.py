@@ -15,21 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from drafters_for_tests import GarbageDrafter, RandomQDrafter
+from specdec.drafters.eagle import save_eagle
+from specdec.verifier import DraftError
+from test_eagle import random_head
+from test_lossless_statistical import ALPHA, MODEL, PLAIN, TRUNCATED, chi_square_p_value, exact_distribution
+from test_lossless_statistical import VOCAB as SMALL_VOCAB
+from test_medusa import checkpoint, random_heads
+from tiny import ARCHITECTURES, tiny_model
 from transformers import PreTrainedModel
 
 import specdec
-from drafters_for_tests import GarbageDrafter, RandomQDrafter
 from specdec import Draft, DraftContext, Sampling
 from specdec.batch_target import BatchLM
 from specdec.datastore import build_datastore_from_ids
-from specdec.drafters.eagle import save_eagle
 from specdec.engine import compile_failures
-from specdec.verifier import DraftError
-from test_eagle import random_head
-from test_lossless_statistical import ALPHA, MODEL, PLAIN, TRUNCATED, VOCAB as SMALL_VOCAB, chi_square_p_value, \
-    exact_distribution
-from test_medusa import checkpoint, random_heads
-from tiny import ARCHITECTURES, tiny_model
 
 VOCAB = 64
 NEW = 24

@@ -16,6 +16,7 @@ not a step): the mean accepted length is new tokens per token-emitting forward o
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from transformers import PreTrainedModel
 from specdec.checkpoints import quiet_transformers
 from specdec.types import Sampling, Stats
 
-__all__ = ["PEERS", "hf_generate"]
+__all__ = ["PEERS", "hf_generate", "hf_generate_batch", "pad_left"]
 
 PEERS = ("hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted")
 
@@ -67,6 +68,33 @@ def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int,
         handle.remove()
     tokens = out[0, ids.shape[1]:].tolist()
     return tokens, Stats(steps=forwards[0], new_tokens=len(tokens), wall_seconds=wall)
+
+
+def pad_left(prompts: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded into ids [B, L] and their attention mask [B, L] (1 = a real token)."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, longest - len(prompt) :] = 1
+    return ids, mask
+
+
+def hf_generate_batch(model: PreTrainedModel, prompts: Sequence[list[int]], max_new_tokens: int, sampling: Sampling,
+                      pad_id: int = 0) -> list[list[int]]:
+    """transformers' batched plain `generate` (prompts left-padded with `pad_id`, exactly
+    `max_new_tokens` new tokens each, its dynamic cache): each row's new tokens."""
+    ids, mask = (t.to(model.device) for t in pad_left(prompts, pad_id))
+    extra: dict[str, Any] = {"do_sample": False} if sampling.greedy else {
+        "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
+        "top_p": sampling.top_p}
+    with quiet_transformers():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,  # type: ignore[operator]
+                             min_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=None, **extra)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+    return out[:, ids.shape[1] :].tolist()
 
 
 def _compile_config(model: PreTrainedModel) -> Any:

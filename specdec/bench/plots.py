@@ -10,7 +10,7 @@ from typing import Any
 
 from specdec.bench.report import quartiles
 
-__all__ = ["write_plots"]
+__all__ = ["write_batch_plot", "write_plots"]
 
 MEASURED, IDEAL, NOISY = "#3b6ea5", "#b9c9dd", "#c0392b"  # bar colours; NOISY edges a noisy row's hatched bar
 
@@ -96,3 +96,39 @@ def write_plots(records: Sequence[dict[str, Any]], directory: Path) -> list[Path
     figure.savefig(written[-1], dpi=120)
     plt.close(figure)
     return written
+
+
+def write_batch_plot(records: Sequence[dict[str, Any]], directory: Path) -> Path:
+    """Speedup over plain decoding against batch size (`specdec bench --batch`), a line per
+    drafter row (median, the IQR as error bars, noisy points hollow); returns the file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    labels = list(dict.fromkeys(r["contender"] for r in records if r["contender"] != "plain"))
+    for label in labels:
+        points = sorted((r for r in records if r["contender"] == label), key=lambda r: r["batch"])
+        xs = [r["batch"] for r in points]
+        ys = [r["speedup"]["median"] or 0 for r in points]
+        spans = [_quartile_errors(r["speedup"]) for r in points]
+        line = axes.errorbar(xs, ys, yerr=[[low for low, _ in spans], [high for _, high in spans]], marker="o",
+                             capsize=2, label=label, linestyle="--" if points[0]["peer"] else "-")
+        noisy = [(x, y) for x, y, r in zip(xs, ys, points) if r["noisy"]]
+        if noisy:
+            axes.scatter([x for x, _ in noisy], [y for _, y in noisy], s=80, facecolors="white",
+                         edgecolors=line.lines[0].get_color(), zorder=3)
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in records})
+    axes.set_xticks(batches, [str(b) for b in batches])
+    axes.set_xlabel("batch size (rows decoded together)")
+    axes.set_ylabel("speedup over plain decoding at that batch size")
+    axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    path = directory / "batch_speedup.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

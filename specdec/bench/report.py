@@ -16,7 +16,7 @@ from specdec.bench.costs import ideal_speedup
 from specdec.bench.runner import Contender, Run
 from specdec.types import Stats, total_stats
 
-__all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "noisy_contenders", "quartiles",
+__all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "noisy_contenders", "over_rounds", "quartiles",
            "summarize", "table", "tree_sizes"]
 
 SCHEMA = "specdec-bench/3"
@@ -35,7 +35,7 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def _over_rounds(values: Sequence[float | None]) -> dict[str, Any]:
+def over_rounds(values: Sequence[float | None]) -> dict[str, Any]:
     """A measure over rounds: `median`, `spread` = (Q3 - Q1) / |median| (None with fewer than two
     rounds, or a zero median with values apart), and `rounds`, each round's value (None: none).
 
@@ -118,7 +118,7 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
     """Records per contender and category ("all" last), in contender order.
 
     Each measure is computed per round (the rounds the contender ran in: a noisy one may have run
-    more) and given as `{"median", "spread", "rounds"}` (`_over_rounds`); `rounds` counts them and
+    more) and given as `{"median", "spread", "rounds"}` (`over_rounds`); `rounds` counts them and
     `noisy` says whether a NOISE_MEASURES figure spreads more than `noise_bound` (kept as the
     record's `noise_bound`, so the table and plots state the bound it was judged by).
     costs and tree_costs: T of a forward by row count, per engine ("eager", "compiled"); tree
@@ -156,11 +156,11 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
                                       "runs": len(chosen), "rounds": len(per_round),
                                       "new_tokens": sum(r.stats.new_tokens for r in chosen)}
             for measure in MEASURES:
-                record[measure] = _over_rounds([f[measure] for f in per_round])
+                record[measure] = over_rounds([f[measure] for f in per_round])
             record["noisy"], record["noise_bound"] = _noisy(record, noise_bound), noise_bound
             width = max(len(f["acceptance_per_position"]) for f in per_round)
             record["acceptance_per_position"] = [
-                _over_rounds([f["acceptance_per_position"][i] if i < len(f["acceptance_per_position"]) else None
+                over_rounds([f["acceptance_per_position"][i] if i < len(f["acceptance_per_position"]) else None
                               for f in per_round])["median"] for i in range(width)]
             lengths = [n for r in chosen for n in r.draft_lengths]
             record["mean_draft_length"] = statistics.fmean(lengths) if lengths else None

@@ -20,7 +20,7 @@ from specdec.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prom
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
-__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "run_session", "turn_encoder",
+__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "machine_info", "run_session", "turn_encoder",
            "used_prompt_format"]
 
 _PATH_OPTIONS = ("model", "path", "datastore", "tokenizer")  # options that name files, left out of row labels
@@ -141,7 +141,7 @@ def turn_encoder(tokenizer: Any, used: str) -> Callable[[tuple[str, ...], list[s
     return encode
 
 
-def _machine(device: torch.device) -> dict[str, Any]:
+def machine_info(device: torch.device) -> dict[str, Any]:
     import os
 
     machine = {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
@@ -200,7 +200,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
         tree_costs[engine] = tree_forward_costs(target, prefix, needed, compile=engine == "compiled") \
             if needed and target.tree_obstacle is None else {}
     records = summarize(runs, contenders, costs, config.sampling.greedy, tree_costs, compiled, config.noise_bound)
-    document = {"schema": SCHEMA, "machine": _machine(model.device), "versions": software_versions(),
+    document = {"schema": SCHEMA, "machine": machine_info(model.device), "versions": software_versions(),
                 "settings": {**{k: v for k, v in asdict(config).items() if k not in ("sampling", "drafters")},
                              "target": str(config.target), "prompts": None if config.prompts is None
                              else str(config.prompts), "sampling": asdict(config.sampling),
