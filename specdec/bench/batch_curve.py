@@ -59,9 +59,12 @@ class BatchCurveConfig:
 
 
 def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: BatchCurveConfig,
-              advance: Callable[[], None] = lambda: None, pad_id: int = 0) -> list[dict[str, Any]]:
-    """Every contender at every batch size; returns one record per (contender, batch size)."""
-    drafters = {c.label: make_drafter(c.drafter, **c.options) for c in config.contenders if c.drafter is not None}
+              advance: Callable[[], None] = lambda: None, pad_id: int = 0, made: dict[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
+    """Every contender at every batch size; returns one record per (contender, batch size).
+    `made`: drafter instances by contender label, instead of building them from the registry."""
+    drafters = {c.label: (made or {}).get(c.label) or make_drafter(c.drafter, **c.options)
+                for c in config.contenders if c.drafter is not None}
     records = []
     for batch in sorted(config.batches):
         rows = [list(prompts[i % len(prompts)]) for i in range(batch)]

@@ -58,6 +58,8 @@ class Setting:
     peers: bool = True
     repeats: int = 3
     zoo: bool = False
+    batches: tuple[int, ...] = ()  # the batch curve's sizes, on the first target and the zoo (none: no curve)
+    batch_drafters: tuple[str, ...] = ("ngram",)  # the curve's drafters beside plain decoding (compiled)
 
 
 LLAMA_1B = Shape("llama-1b", hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
@@ -67,11 +69,12 @@ TINY = Shape("tiny", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
 
 SETTINGS = {
     "gpu": Setting("gpu", (LLAMA_1B, LLAMA_8B), dtype="bfloat16", prompt=128, new_tokens=256,
-                   engines=("eager", "compiled"), repeats=3, zoo=True),
+                   engines=("eager", "compiled"), repeats=3, zoo=True, batches=(1, 8, 32),
+                   batch_drafters=("ngram", "eagle")),
     "cpu-300m": Setting("cpu-300m", (LLAMA_300M,), prompt=64, new_tokens=64, drafters=DRAFTERS,
                         engines=("eager", "compiled"), repeats=2),
     "tiny": Setting("tiny", (TINY,), prompt=16, new_tokens=12, tree_rows=(17,), drafters=("ngram", "eagle+tree"),
-                    engines=("eager", "compiled"), repeats=1),
+                    engines=("eager", "compiled"), repeats=1, batches=(1, 2), batch_drafters=("eagle+tree",)),
 }
 
 

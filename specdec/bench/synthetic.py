@@ -1,6 +1,7 @@
 """The engine on Llama-shaped targets built from configs (nothing downloaded): forward costs,
-plain decoding against transformers, drafters on the same target, and how close each plain row
-comes to the memory-bandwidth bound. `make bench-gpu` runs the "gpu" setting; the tests run
+plain decoding against transformers, drafters on the same target, how close each plain row
+comes to the memory-bandwidth bound, and the batch curve (`specdec.bench.batch_curve`) on the
+first target and the zoo. `make bench-gpu` runs the "gpu" setting; the tests run
 "tiny" on the CPU.
 
     python -m specdec.bench.synthetic --setting gpu --device cuda --out bench-gpu
@@ -32,8 +33,10 @@ from typing import Any, cast
 import torch
 from transformers import PreTrainedModel
 
+from specdec.bench.batch_curve import BatchCurveConfig, curve_table, run_curve, stops_paying
 from specdec.bench.costs import forward_costs, tree_forward_costs
 from specdec.bench.peers import hf_generate
+from specdec.bench.runner import Contender
 from specdec.bench.shapes import DRAFTERS, SETTINGS, Setting, Shape, build_target, drafter_factories
 from specdec.engine import compile_seconds
 from specdec.generate import generate
@@ -181,6 +184,19 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                     row.extra["verify_rows"] = width
                 rows.append(row)
                 log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
+    if setting.batches and shape == setting.shapes[0]:
+        with tempfile.TemporaryDirectory() as scratch:
+            factories = drafter_factories(model, Path(scratch), setting.batch_drafters)
+            contenders = (Contender("plain", compile=True), *(
+                Contender(name, name.removesuffix("+tree"), {}, setting.k, tree=name.endswith("+tree"), compile=True)
+                for name in setting.batch_drafters))
+            prompts = [torch.randint(0, shape.vocab, (setting.prompt,), generator=generator).tolist()
+                       for _ in range(max(setting.batches))]
+            config = BatchCurveConfig(batches=setting.batches, contenders=contenders, max_new_tokens=setting.new_tokens,
+                                      repeats=setting.repeats, peers=setting.peers)
+            records = run_curve(model, prompts, config, made={name: factories[name]() for name in setting.batch_drafters})
+        batch = {"records": records, "stops_paying": stops_paying(records), "table": curve_table(records)}
+        log(batch["table"])
     if setting.peers:
         for peer in ("hf-plain", "hf-static"):
             call = functools.partial(hf_generate, model, prompt, peer, 0, setting.new_tokens, Sampling())
@@ -190,8 +206,11 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                             0.0, compiled, same_as_plain=reference is not None and tokens == reference[0],
                             bandwidth_share=bound / (seconds / stats.new_tokens)))
             log(f"  {peer}: {rows[-1].tokens_per_second:.1f} tokens/s")
-    return {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
-            "bandwidth_bound_seconds": bound, "forward_costs": costs, "rows": [asdict(row) for row in rows]}
+    result = {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
+              "bandwidth_bound_seconds": bound, "forward_costs": costs, "rows": [asdict(row) for row in rows]}
+    if setting.batches and shape == setting.shapes[0]:
+        result["batch"] = batch
+    return result
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:
@@ -219,6 +238,10 @@ def run_setting(setting: Setting, device: torch.device, out: Path, zoo_dir: Path
                                 "copy_bandwidth": copy_bandwidth(device), "peak_bandwidth": peak_bandwidth(device),
                                 "versions": software_versions(), "targets": results}
     text = table(results)
+    for result in results:
+        if "batch" in result:
+            text += f"\n\nThe batch curve on {result['target']['name']} (tokens/s, speedup over plain decoding " \
+                    f"at each batch size):\n\n" + result["batch"]["table"]
     if zoo_dir is not None:
         document["zoo"] = _zoo(zoo_dir, setting, device, out / "zoo")
         text += "\n\nThe zoo's drafters on its target:\n\n" + document["zoo"]["table"]
@@ -241,8 +264,26 @@ def _zoo(directory: Path, setting: Setting, device: torch.device, out: Path) -> 
                          max_new_tokens=setting.new_tokens, repeats=setting.repeats, warmup=1,
                          engines=setting.engines, peers=setting.peers)
     model = load_causal_lm(directory / "target", dtype=getattr(torch, setting.dtype)).to(device)  # type: ignore[arg-type]
-    records, _ = run_session(config, out, model, load_tokenizer(directory / "target"))
-    return {"records": records, "table": bench_table(records)}
+    tokenizer = load_tokenizer(directory / "target")
+    records, _ = run_session(config, out, model, tokenizer)
+    zoo: dict[str, Any] = {"records": records, "table": bench_table(records)}
+    if setting.batches:  # the curve with the zoo's trained drafters: plain, and each batch drafter chain and tree
+        from specdec.bench.questions import from_prompts
+        from specdec.bench.session import contenders_for
+        from specdec.corpus import stdlib_corpus
+        from specdec.prompts import code_prompts
+
+        names = {name.removesuffix("+tree") for name in setting.batch_drafters} | {"eagle3", "mtp"}
+        chosen = tuple((name, options) for name, options in drafters if name in names)
+        contenders = tuple(c for c in contenders_for(chosen, (setting.k,), False, ("compiled",)) if c.peer is None)
+        prompts = [tokenizer(q.turns[0], add_special_tokens=False)["input_ids"]
+                   for q in from_prompts(code_prompts(stdlib_corpus()))]
+        curve = BatchCurveConfig(batches=setting.batches, contenders=contenders, max_new_tokens=setting.new_tokens,
+                                 repeats=setting.repeats, peers=setting.peers)
+        batch = run_curve(model, prompts, curve)
+        zoo["batch"] = {"records": batch, "stops_paying": stops_paying(batch), "table": curve_table(batch)}
+        zoo["table"] += "\n\nThe batch curve on the zoo's target:\n\n" + zoo["batch"]["table"]
+    return zoo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
