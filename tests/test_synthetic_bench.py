@@ -32,6 +32,6 @@ def test_the_tiny_setting_measures_every_row(tmp_path: Path) -> None:
     assert rows[("plain", "compiled")]["compile_seconds"] >= 0
     assert "| tiny | eagle+tree | compiled |" in (tmp_path / "table.md").read_text()
     curve = {(r["contender"], r["batch"]): r for r in target["batch"]["records"]}
-    assert set(curve) == {(name, b) for name in ("plain", "eagle+tree", "hf-batched") for b in setting.batches}
+    assert set(curve) == {(name, b) for name in ("plain", "ngram", "hf-batched") for b in setting.batches}
     assert all(r["same_as_plain"] for r in curve.values() if r["peer"] is None)
     assert "stops paying at" in (tmp_path / "table.md").read_text()
