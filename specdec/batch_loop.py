@@ -160,11 +160,8 @@ def step(run: BatchRun, start: float) -> None:
     finished: dict[int, DraftContext] = {}
     keep_slots: list[int] = []
     keep_columns: list[int] = []
-    tick = time.perf_counter()
-    for slot, index in enumerate(run.slots):
-        if index is None or run.rows[index].done:
-            continue
-        row, verdict = run.rows[index], verdicts[slot]
+    for slot, row in _live(run):
+        index, verdict = row.index, verdicts[slot]
         checked = drafts.get(index)
         tokens = verdict.tokens.tolist()
         stop_at = next((i for i, token in enumerate(tokens) if token in run.stop), len(tokens))
@@ -191,12 +188,13 @@ def step(run: BatchRun, start: float) -> None:
             row.wall_seconds = time.perf_counter() - start
             finished[index] = row.ctx
     run.target.keep(keep_slots, keep_columns)
+    tick = time.perf_counter()
     if committed and hasattr(run.drafter, "commit_batch"):
         run.drafter.commit_batch({i: run.rows[i].ctx for i in committed}, committed)
     if finished and hasattr(run.drafter, "finish_batch"):
         run.drafter.finish_batch(finished)
     run.steps += 1
-    run.draft_seconds += draft_seconds + (time.perf_counter() - tick if committed else 0.0)
+    run.draft_seconds += draft_seconds + time.perf_counter() - tick  # the drafter's commit and finish count too
     run.verify_seconds += verify_seconds
 
 
@@ -205,7 +203,7 @@ def draft(run: BatchRun) -> dict[int, Checked]:
     token left, and every row in plain decoding, draft nothing."""
     if run.drafter is None or run.k == 0:
         return {}
-    budgets = {row.index: min(run.k, run.max_new_tokens - row.produced - 1) for row in _live(run)}
+    budgets = {row.index: min(run.k, run.max_new_tokens - row.produced - 1) for _, row in _live(run)}
     budgets = {index: k for index, k in budgets.items() if k > 0}
     if not budgets:
         return {}
@@ -292,8 +290,7 @@ def _verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor, i
               ) -> dict[int, Verdict]:
     """Each live slot's verdict. Greedy chains: all at once, one read of the numbers accepted,
     the argmax rows and the faults; otherwise row by row with the batch-1 verifier functions."""
-    live = [(slot, run.rows[index]) for slot, index in enumerate(run.slots)
-            if index is not None and not run.rows[index].done]
+    live = _live(run)
     if run.sampling.greedy and not tree:
         argmax = logits.argmax(dim=-1)  # (S, R)
         lengths = torch.tensor(_lengths(run, drafts), device=argmax.device)  # (S,)
@@ -363,7 +360,7 @@ def _name_fault(run: BatchRun, index: int, draft_: Draft) -> None:
 def shrink(run: BatchRun) -> None:
     """Drop finished rows from the batch forward: to the rows still decoding, or when compiled to
     the next power of two at or above their number (finished rows fill the rest, idle)."""
-    live = [slot for slot, index in enumerate(run.slots) if index is not None and not run.rows[index].done]
+    live = [slot for slot, _ in _live(run)]
     if not live:
         return
     size = 1 << (len(live) - 1).bit_length() if run.buckets else len(live)
@@ -375,8 +372,10 @@ def shrink(run: BatchRun) -> None:
     run.slots = [run.slots[slot] if slot in live else None for slot in keep]
 
 
-def _live(run: BatchRun) -> list[Row]:
-    return [run.rows[index] for index in run.slots if index is not None and not run.rows[index].done]
+def _live(run: BatchRun) -> list[tuple[int, Row]]:
+    """(batch slot, row) of every row still decoding."""
+    return [(slot, run.rows[index]) for slot, index in enumerate(run.slots)
+            if index is not None and not run.rows[index].done]
 
 
 def _context(run: BatchRun, row: Row, hidden: torch.Tensor | None, accepted: tuple[int, ...],

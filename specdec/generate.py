@@ -43,24 +43,14 @@ def generate(
     a warning saying why.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
-    if not isinstance(sampling, Sampling):
-        raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
-    _check_count("num_draft_tokens", num_draft_tokens)
-    _check_count("max_new_tokens", max_new_tokens)
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
+    check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     prompt = _prompt(input_ids, lm, max_new_tokens)
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an int or None, got {seed!r}")
     if compile and lm.static_obstacle is not None:
         warnings.warn(f"specdec: {type(lm.model).__name__} decodes eagerly: {lm.static_obstacle}", stacklevel=2)
     k = num_draft_tokens if resolved is not None else 0
-    nodes = _draft_nodes(resolved, k)
-    engine = Engine(compile=compile, max_length=prompt.shape[0] + max_new_tokens, max_draft=k,
-                    draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
-                    extra_rows=_extra_rows(resolved, k))
+    engine = engine_for(resolved, k, prompt.shape[0] + max_new_tokens, compile)
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
     with torch.inference_mode():
@@ -70,6 +60,28 @@ def generate(
         run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
                   stop, engine, tokens, prompt.shape[0], trace)
         return decode(run)
+
+
+def check_settings(sampling: Sampling, num_draft_tokens: int, max_new_tokens: int, compile: bool,
+                   seed: int | None) -> None:
+    """Raise naming the bad value among the settings `generate` and `generate_batch` share."""
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
+    _check_count("num_draft_tokens", num_draft_tokens)
+    _check_count("max_new_tokens", max_new_tokens)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
+
+
+def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) -> Engine:
+    """The Engine of a generation: `max_length` committed tokens at most, the loop's k, and the
+    drafter's declared tree budget and extra rows."""
+    nodes = _draft_nodes(drafter, k)
+    return Engine(compile=compile, max_length=max_length, max_draft=k,
+                  draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
+                  extra_rows=_extra_rows(drafter, k))
 
 
 def _draft_nodes(drafter: Drafter | None, k: int) -> int | None:

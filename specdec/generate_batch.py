@@ -12,8 +12,7 @@ from specdec.batch_loop import BatchRun, Row, decode_batch
 from specdec.batch_target import BatchLM
 from specdec.cache import static_capacity
 from specdec.counters import Counters
-from specdec.engine import UNDECLARED_NODES, Engine
-from specdec.generate import _check_count, _draft_nodes, _drafter_name, _eos_ids, _extra_rows, _prompt, _resolve_drafter
+from specdec.generate import _drafter_name, _eos_ids, _prompt, _resolve_drafter, check_settings, engine_for
 from specdec.protocols import Drafter
 from specdec.target import CausalLM
 from specdec.types import BatchGenerations, Sampling
@@ -48,12 +47,7 @@ def generate_batch(
     Returns one Generation per prompt, in order, with its row's Stats; `.totals` has the batch's.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target)
-    if not isinstance(sampling, Sampling):
-        raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
-    _check_count("num_draft_tokens", num_draft_tokens)
-    _check_count("max_new_tokens", max_new_tokens)
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
+    check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or isinstance(prompts, str) \
             or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each a list of token ids or a 1-D "
@@ -64,16 +58,10 @@ def generate_batch(
             checked.append(_prompt(prompt, lm, max_new_tokens))
         except ValueError as error:
             raise ValueError(f"prompts[{i}]: {error}") from error
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an int or None, got {seed!r}")
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
     k = num_draft_tokens if resolved is not None else 0
-    nodes = _draft_nodes(resolved, k)
-    longest = max(prompt.shape[0] for prompt in checked)
-    engine = Engine(compile=compile, max_length=longest + max_new_tokens, max_draft=k,
-                    draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
-                    extra_rows=_extra_rows(resolved, k))
+    engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in checked) + max_new_tokens, compile)
     name = _drafter_name(resolved)
     base = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
     with torch.inference_mode():
