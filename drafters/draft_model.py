@@ -7,6 +7,7 @@ report the processed distribution each token was drawn from; greedy drafts are i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,16 +24,27 @@ from specdec.types import Draft, Sampling
 __all__ = ["DraftModelDrafter"]
 
 
-def _load(model: PreTrainedModel | str | Path) -> PreTrainedModel:
+def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTrainedModel:
     if isinstance(model, PreTrainedModel):
+        if shard:
+            raise ValueError("draft-model: shard=true loads the model from its directory; pass a path, or a model "
+                             "already loaded with tensor parallelism and shard=false")
         return model
     if isinstance(model, (str, Path)):
         from specdec.checkpoints import load_causal_lm, resolve_checkpoint
+        from specdec.sharding import in_process_group
 
         path = resolve_checkpoint(model, "draft-model model")
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"draft-model: {str(path)!r} is not a model directory (no config.json)")
+        if shard and not in_process_group():
+            raise ValueError("draft-model: shard=true shards the draft model like the target, over the processes "
+                             "of a torchrun launch; there is none (launch with torchrun, or drop shard=true)")
+        if shard:
+            import torch.distributed as dist
 
+            world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
+            return load_causal_lm(path, tp=world)
         return load_causal_lm(path)
     raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory or a hub id, got {model!r}")
 
@@ -75,11 +87,12 @@ class DraftModelDrafter:
     tree_options: ClassVar[dict[str, Any]] = {"tree": True}  # the options that make it draft trees (bench rows)
 
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
-                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0) -> None:
+                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
+                 shard: bool = False) -> None:
         self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature)
         self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
         self._kept: list[int] = []  # search id of each node of the last tree draft
-        self.lm = CausalLM(_load(model), role="draft model")
+        self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
         self._max_draft = 0  # the loop's k in this generation

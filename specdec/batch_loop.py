@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from specdec.agreement import agree_drafts, agree_verdicts
 from specdec.batch_target import BatchLM
 from specdec.counters import Counters
 from specdec.engine import Engine
@@ -93,6 +94,7 @@ class Checked:
     draft: Draft
     parents: list[int] | None
     faults: torch.Tensor | None
+    own: bool = True  # under ranks: this rank's draft is the leader's (it can decide the row's verdict)
 
 
 def decode_batch(run: BatchRun) -> BatchGenerations:
@@ -153,6 +155,11 @@ def step(run: BatchRun, start: float) -> None:
     ids, positions, visible = _lay_out(run, drafts, width, rows)
     logits, states = run.target.forward(ids, positions, visible, run.layers)  # (S, R, V), (S, R, m * H)
     verdicts = _verdicts(run, drafts, logits, ids, tree)
+    if run.lm.ranks is not None:  # every rank commits the leader's verdicts (`specdec.ranks`)
+        slots = sorted(slot for slot, _ in _live(run))
+        agreed = agree_verdicts(run.lm.ranks, [(verdicts.get(slot), 0) for slot in slots], rows,
+                                f"verdicts of batch step {run.steps}", run.lm.device)
+        verdicts = {slot: verdict for slot, (verdict, _) in zip(slots, agreed)}
     verify_seconds = time.perf_counter() - tick
     seconds = getattr(run.drafter, "seconds", None) or {}
     share = draft_seconds / max(1, len(drafts))
@@ -214,6 +221,12 @@ def draft(run: BatchRun) -> dict[int, Checked]:
             checked[index] = _check(run, proposed.get(index) if isinstance(proposed, dict) else None, k)
         except DraftError as error:
             raise DraftError(f"{error} (row {index} of the batch)") from error
+    ranks = run.lm.ranks
+    if ranks is not None:  # every rank lays out the leader's drafts (`specdec.ranks`)
+        agreed = agree_drafts(ranks, [(c.draft, c.parents) for c in checked.values()], run.engine,
+                              f"drafts of batch step {run.steps}")
+        checked = {index: c if own else Checked(draft_, parents, None, own=False)
+                   for (index, c), (draft_, parents, own) in zip(checked.items(), agreed)}
     return checked
 
 
@@ -289,7 +302,8 @@ def _layout(run: BatchRun, parents: list[int] | None, n: int, width: int, extra:
 def _verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor, ids: torch.Tensor, tree: bool
               ) -> dict[int, Verdict]:
     """Each live slot's verdict. Greedy chains: all at once, one read of the numbers accepted,
-    the argmax rows and the faults; otherwise row by row with the batch-1 verifier functions."""
+    the argmax rows and the faults; otherwise row by row with the batch-1 verifier functions.
+    Under ranks, a sampled row whose draft was not this rank's own has none (the leader's comes)."""
     live = _live(run)
     if run.sampling.greedy and not tree:
         argmax = logits.argmax(dim=-1)  # (S, R)
@@ -314,6 +328,8 @@ def _verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor, i
             argmax_row = host[slot]
             out[slot] = verify_tree_greedy(argmax_row.__getitem__, draft_.tokens,
                                            parents if parents is not None else chain_parents(draft_.tokens.shape[0]))
+        elif checked is not None and not checked.own:
+            continue  # the leader decides a row whose draft this rank did not draft
         elif parents is not None:
             out[slot] = verify_tree(lambda r, s=slot: probabilities(logits[s, r], run.sampling), draft_.tokens,
                                     parents, draft_.probs, row.generator)

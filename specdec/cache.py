@@ -328,6 +328,8 @@ class KV:
         elif rows != list(range(len(rows))):
             index: torch.Tensor | None = None  # made once: the layers share a device (a per-layer copy cost 32 copies)
             for layer in self._layers:
+                if layer.keys is None:  # a layer this process does not run (another pipeline stage's)
+                    continue
                 keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
                 if index is None or index.device != keys.device:
                     index = torch.tensor([base + row for row in rows], dtype=torch.long).to(keys.device,

@@ -104,9 +104,14 @@ def _checked(path: str | Path, what: str) -> Path:
     return directory
 
 
-def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """The causal LM at `path` (a directory or a hub id: `resolve_checkpoint`), in eval mode."""
+def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int = 1) -> PreTrainedModel:
+    """The causal LM at `path` (a directory or a hub id: `resolve_checkpoint`), in eval mode;
+    `tp` > 1 shards it over that many processes (`specdec.sharding`, under torchrun)."""
     directory = _checked(path, "model")
+    if tp != 1:
+        from specdec.sharding import load_sharded
+
+        return load_sharded(directory, tp, dtype)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype

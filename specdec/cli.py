@@ -32,6 +32,7 @@ from specdec.cli_train import add_train_command
 from specdec.cli_verify import add_verify_command
 from specdec.cli_zoo import add_zoo_commands
 from specdec.generate import generate
+from specdec.sharding import rank_zero_output
 from specdec.types import Sampling, Stats
 
 __all__ = ["main", "parse_drafter_spec", "parse_value", "stats_line"]
@@ -284,8 +285,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (argparse exits 2 itself on bad syntax)."""
     args = _parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except CLIError as error:
-        print(f"specdec: error: {error}", file=sys.stderr)
-        return 2
+    with rank_zero_output():
+        try:
+            return args.run(args)
+        except CLIError as error:
+            print(f"specdec: error: {error}", file=sys.stderr)
+            return 2

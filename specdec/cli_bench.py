@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.cli_common import CLIError, add_model_options, load_target, one_line
+from specdec.sharding import is_main_process, rank_zero_first
 
 __all__ = ["add_bench_command", "default_drafters", "parse_k"]
 
@@ -77,8 +78,9 @@ def _bench(args: argparse.Namespace) -> int:
         if args.target is None:
             from specdec import zoo
 
-            zoo_dir = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
-                                show_progress=not args.no_progress)
+            with rank_zero_first():  # under torchrun, one rank builds it
+                zoo_dir = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
+                                    show_progress=not args.no_progress)
         target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
         if args.drafter:
             drafters = [parse_drafter_spec(spec) for spec in args.drafter]
@@ -114,7 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise CLIError(one_line(error)) from None
     out = Path(args.out)
     try:
-        plots = write_plots(records, out / "plots")
+        plots = write_plots(records, out / "plots") if is_main_process() else []
     except ImportError:
         plots = []
         print("specdec: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
@@ -178,7 +180,6 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
     finally:
         bar.close()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     document = {"schema": BATCH_SCHEMA, "machine": machine_info(model.device), "versions": software_versions(),
                 "settings": {"target": str(target), "batches": list(config.batches), "k": args.k[0],
                              "engine": engine, "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
@@ -188,10 +189,12 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
                              "prompts": None if args.prompts is None else str(args.prompts),
                              "distinct_prompts": len(prompts), "prompt_format": used},
                 "stops_paying": stops_paying(records), "records": records}
-    (out / "batch.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     written = [out / "batch.json"]
     try:
-        written.append(write_batch_plot(records, out / "plots"))
+        if is_main_process():  # under torchrun, rank 0 writes the results
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "batch.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+            written.append(write_batch_plot(records, out / "plots"))
     except ImportError:
         print("specdec: matplotlib is not installed; no plot (pip install matplotlib)", file=sys.stderr)
     print(f"{len(prompts)} distinct prompts, {config.max_new_tokens} new tokens per row, "

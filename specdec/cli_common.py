@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DTYPES", "CLIError", "add_model_options", "load_target", "model_device", "one_line", "resolve_target"]
+__all__ = ["DTYPES", "CLIError", "add_model_options", "check_tp", "load_target", "model_device", "one_line",
+           "resolve_target"]
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -30,6 +31,12 @@ def add_model_options(parser: argparse.ArgumentParser, compile: bool = True) -> 
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="compile the fixed-shape steps (torch.compile; CUDA graphs on CUDA)")
+    parser.add_argument("--tp", type=int, default=1, metavar="N",
+                        help="shard the target over N processes with tensor parallelism; launch with "
+                             "torchrun --nproc_per_node N -m specdec ... (default 1: one process)")
+    parser.add_argument("--check-ranks", action="store_true",
+                        help="with --tp: gather every rank's draft and verdict each step and stop, naming the "
+                             "ranks, when one differs from rank 0 (a debug check; costs two gathers a step)")
 
 
 def model_device(text: str) -> Any:
@@ -68,9 +75,32 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
 
     device = model_device(args.device)
     path = resolve_target(name)
+    tp = getattr(args, "tp", 1)
+    if tp != 1:
+        check_tp(path, args)
     try:
         tokenizer = load_tokenizer(path)
-        model = load_causal_lm(path, dtype=getattr(torch, args.dtype))
+        model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp)
     except (OSError, ValueError, KeyError) as error:
         raise CLIError(f"cannot load --target {str(name)!r}: {one_line(error)}") from None
+    if tp != 1:  # transformers placed each shard on this rank's device
+        return tokenizer, model.eval()
     return tokenizer, model.to(device).eval()
+
+
+def check_tp(path: Path, args: argparse.Namespace) -> None:
+    """A CLIError when `--tp` cannot shard the model at `path` here (no process group, another
+    number of processes, heads it does not divide); sets the rank check asked for."""
+    import os
+
+    from transformers import AutoConfig
+
+    from specdec.ranks import CHECK_VARIABLE
+    from specdec.sharding import check_tensor_parallel
+
+    try:
+        check_tensor_parallel(AutoConfig.from_pretrained(path, local_files_only=True), args.tp)
+    except (ValueError, OSError) as error:
+        raise CLIError(one_line(error)) from None
+    if getattr(args, "check_ranks", False):
+        os.environ[CHECK_VARIABLE] = "1"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.cli_common import CLIError, add_model_options, load_target, one_line
+from specdec.sharding import is_main_process
 
 __all__ = ["add_trace_command", "traced_generate"]
 
@@ -36,8 +37,9 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
                          compile=compile)
         per_token = plain.stats.wall_seconds / max(1, plain.stats.new_tokens)
         name = getattr(drafter, "name", "plain decoding") if drafter is not None else "plain decoding"
-        Path(html).write_text(trace_html(trace, decode, per_token, f"specdec trace: {name}, k = {k}"),
-                              encoding="utf-8")
+        if is_main_process():  # under torchrun, rank 0 writes the page
+            Path(html).write_text(trace_html(trace, decode, per_token, f"specdec trace: {name}, k = {k}"),
+                                  encoding="utf-8")
         print(f"wrote {html}")
     return result
 

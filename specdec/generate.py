@@ -52,7 +52,7 @@ def generate(
     k = num_draft_tokens if resolved is not None else 0
     engine = engine_for(resolved, k, prompt.shape[0] + max_new_tokens, compile)
     generator = torch.Generator(device=lm.device)
-    generator.manual_seed(int(torch.randint(0, 2**62, (1,))) if seed is None else seed)
+    generator.manual_seed(agreed_seed(lm, seed))
     with torch.inference_mode():
         tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)
         tokens[: prompt.shape[0]] = prompt
@@ -73,6 +73,13 @@ def check_settings(sampling: Sampling, num_draft_tokens: int, max_new_tokens: in
         raise ValueError(f"compile must be True or False, got {compile!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int or None, got {seed!r}")
+
+
+def agreed_seed(lm: CausalLM, seed: int | None) -> int:
+    """`seed`, or a fresh one when None; on a target sharded across ranks, the leader's (each rank
+    may be given its own or none: every rank draws what the leader draws, `specdec.ranks`)."""
+    value = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+    return value if lm.ranks is None else lm.ranks.agree_seed(value)
 
 
 def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) -> Engine:

@@ -12,7 +12,8 @@ from specdec.batch_loop import BatchRun, Row, decode_batch
 from specdec.batch_target import BatchLM
 from specdec.cache import static_capacity
 from specdec.counters import Counters
-from specdec.generate import _drafter_name, _eos_ids, _prompt, _resolve_drafter, check_settings, engine_for
+from specdec.generate import (_drafter_name, _eos_ids, _prompt, _resolve_drafter, agreed_seed, check_settings,
+                              engine_for)
 from specdec.protocols import Drafter
 from specdec.target import CausalLM
 from specdec.types import BatchGenerations, Sampling
@@ -63,7 +64,7 @@ def generate_batch(
     k = num_draft_tokens if resolved is not None else 0
     engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in checked) + max_new_tokens, compile)
     name = _drafter_name(resolved)
-    base = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
+    base = agreed_seed(lm, seed)
     with torch.inference_mode():
         batch_target = BatchLM(lm, len(checked), static_capacity(engine.max_length + engine.verify_rows + HOLE_ROOM),
                                compile=compile)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from specdec.agreement import agree_draft, agree_verdict
 from specdec.counters import Counters
 from specdec.engine import Engine
 from specdec.protocols import DraftContext, Drafter
@@ -78,6 +79,7 @@ class Proposal:
     proposed: bool = False
     seconds: float = 0.0
     faults: torch.Tensor | None = None  # 0-d: a chain's ids or probs break the contract (read with the verdict)
+    own: bool = True  # under ranks: this rank's draft is the leader's, so this rank can decide its verdict
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,12 @@ def draft(run: Run) -> Proposal:
         proposed, nodes = _first_path(run, proposed, parents)
         parents = None
     faults = draft_faults(proposed, run.lm.vocab_size) if parents is None and proposed.tokens.numel() else None
+    own = True
+    if run.lm.ranks is not None:  # every rank feeds the leader's draft (`specdec.ranks`)
+        proposed, parents, own = agree_draft(run.lm.ranks, proposed, parents, run.engine, run.counters.steps)
+        nodes, faults = (nodes, faults) if own else (None, None)
     _synchronize(run.lm.device)
-    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults)
+    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults, own)
 
 
 def verify(run: Run, proposal: Proposal) -> Block:
@@ -175,23 +181,32 @@ def verify(run: Run, proposal: Proposal) -> Block:
         tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
                                    rows=run.engine.tree_rows(n), hidden=run.layers,
                                    extra=None if extra is None else extra.padded(run.engine.extra_rows))
-        verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator)
-        stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop))
+        verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator) \
+            if proposal.own else None
+        stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop)) \
+            if verdict is not None else 0
         hidden, shown = tree.states, tree
         extra_logits = None if extra is None or tree.extra is None else tree.extra[: extra.tokens.shape[0]]
+    if run.lm.ranks is not None:  # every rank commits the leader's verdict (`specdec.ranks`)
+        verdict, stop_at = agree_verdict(run.lm.ranks, verdict, stop_at, run.engine.draft_nodes, run.counters.steps,
+                                         run.lm.device)
+    assert verdict is not None
     emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
     return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick, extra_logits)
 
 
 def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
-                  ) -> tuple[Verdict, int, torch.Tensor | None, torch.Tensor]:
+                  ) -> tuple[Verdict | None, int, torch.Tensor | None, torch.Tensor]:
     """The chain's verify forward, padded to k + 1 rows (one row for an empty draft), and its
-    verdict, read back in one transfer with the first stop id and the draft's faults."""
+    verdict, read back in one transfer with the first stop id and the draft's faults (no verdict
+    on a rank whose draft was not the leader's)."""
     lm, n = run.lm, drafted.shape[0]
     rows = run.engine.max_draft + 1 if n and lm.static else n + 1  # one shape for every draft, one for none
     ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
     logits, hidden = lm.forward(ids, keep=rows, hidden=run.layers, rows=rows)
     logits = logits[: n + 1]  # (n + 1, V)
+    if not proposal.own:
+        return None, 0, hidden, logits
     uniforms = None
     if run.sampling.greedy:
         num, out, acceptance = greedy_verdict(logits.argmax(dim=-1), drafted)
@@ -249,6 +264,9 @@ def hidden_layers(drafter: Drafter | None, name: str, lm: CausalLM) -> tuple[int
     for `uses_hidden_states`, or those its `hidden_layers(target)` names (indices 0..num_layers)."""
     if not getattr(drafter, "uses_hidden_states", False):
         return ()
+    if lm.hidden_obstacle is not None:
+        raise DraftError(f"drafter {name!r} reads the target's hidden states, but {type(lm.model).__name__} "
+                         f"returns none: {lm.hidden_obstacle}")
     if not hasattr(drafter, "hidden_layers"):
         return (LAST_LAYER,)
     layers = tuple(_call_drafter(drafter, name, "hidden_layers", lm))

@@ -23,11 +23,12 @@ from transformers.cache_utils import Cache
 from specdec.cache import (KV, Snapshot, check_transformers, has_recurrent_state, restore, snapshot,
                            static_obstacle, tree_obstacle, uncroppable_layers)
 from specdec.engine import Step, step_for
+from specdec.ranks import Ranks, model_ranks
 from specdec.tree_logits import TreeLogits, head_reproduces
 from specdec.trees import additive_mask, verify_layout
 from specdec.types import ExtraRows
 
-__all__ = ["LAST_LAYER", "CausalLM", "TreeLogits", "model_forward", "prepare_for_compile"]
+__all__ = ["LAST_LAYER", "CausalLM", "TreeLogits", "is_pipelined", "model_forward", "prepare_for_compile"]
 
 LAST_LAYER = -1  # the `hidden_states` index of the post-norm last layer, whatever the model counts
 
@@ -70,9 +71,11 @@ class CausalLM:
             )
         self.model = model
         self.config = model.config.get_text_config()
-        self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0])
-        self.device: torch.device = model.get_output_embeddings().weight.device
-        self.dtype: torch.dtype = model.get_output_embeddings().weight.dtype
+        head = _head_weight(model)  # (V, H); None on a pipeline stage that holds no LM head
+        anchor = head if head is not None else next(model.parameters())
+        self.vocab_size: int = int(head.shape[0]) if head is not None else int(self.config.vocab_size)
+        self.device: torch.device = anchor.device
+        self.dtype: torch.dtype = anchor.dtype
         positions = getattr(self.config, "max_position_embeddings", None) or getattr(
             self.config, "n_positions", None
         )
@@ -81,9 +84,14 @@ class CausalLM:
         self.learned_positions: bool = not any(
             getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
         )
-        self.hidden_size: int = int(model.get_output_embeddings().weight.shape[1])
+        self.hidden_size: int = int(head.shape[1]) if head is not None else int(self.config.hidden_size)
         self.num_layers: int = int(self.config.num_hidden_layers)  # hidden-state indices run 0..num_layers
         self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
+        self.ranks: Ranks | None = model_ranks(model)  # the processes holding a sharded model (`specdec.ranks`)
+        # pipeline placement (a pipeline-parallel stage, or a device_map over several devices): each
+        # forward gets an explicit 4D mask and position ids, without which transformers' cached
+        # forwards of several query tokens are wrong there
+        self.pipelined: bool = is_pipelined(model)
         self.kv: KV | None = None
         self._share = share_cache
         self._role = f" ({role})" if role else ""
@@ -240,6 +248,10 @@ class CausalLM:
             input_ids = torch.cat([input_ids, extra.tokens])  # (width + m,)
         if self.learned_positions and self.max_positions:
             positions = positions.clamp(max=self.max_positions - 1)
+        if self.hidden_obstacle is not None:  # no hidden states (a pipeline stage): every row's logits
+            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m, step=self._lazy_head is not None)
+            self._lazy_head = False
+            return TreeLogits(logits.new_empty(n + 1, 0), self.lm_head, logits[: n + 1], extra=logits[-m:] if m else None)
         # the root's and the extra rows' only, once the model is known to compute logits as
         # lm_head(hidden states); every row the first time (to check that, eagerly) and always
         # for models that do not
@@ -303,11 +315,21 @@ class CausalLM:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
         self._kv.gather(base, rows)
 
+    @property
+    def hidden_obstacle(self) -> str | None:
+        """Why this model's forwards return no hidden states (None when they do)."""
+        if getattr(self.model, "_pp_stage", None) is not None:
+            return ("it is split into pipeline-parallel stages, whose forwards return logits only; shard it "
+                    "with tensor parallelism (--tp) for drafters that read the target's hidden states")
+        return None
+
     def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
              mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
              step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         kv = self._kv
         kv.reserve(input_ids.shape[0])
+        if mask is None and self.pipelined:
+            mask, positions = self._causal(input_ids.shape[0], positions)
         if positions is None and step and kv.static and self.learned_positions and self.max_positions:
             # padding rows may run past a learned position table: they sit at its last entry
             rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
@@ -317,6 +339,17 @@ class CausalLM:
         out = run(*args) if run is not None else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0])
         return out
+
+    def _causal(self, n: int, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The explicit causal mask [1, 1, n, mask_width(n)] and position ids [1, n] of n rows fed
+        after the cached prefix (`positions` kept when given)."""
+        base = self._kv.length
+        rows = torch.arange(n, device=self.device) + base  # (n,)
+        columns = torch.arange(self.mask_width(n), device=self.device)  # (W,)
+        visible = columns[None] <= rows[:, None]  # (n, W): the prefix, the earlier rows, itself
+        if positions is None and self.learned_positions and self.max_positions:
+            positions = rows.clamp(max=self.max_positions - 1)[None]  # padding past a learned table
+        return additive_mask(visible, self.dtype), rows[None] if positions is None else positions
 
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions, exactly.
@@ -345,6 +378,20 @@ class CausalLM:
         if length > saved.length:
             fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
             self._run(fed[: length - saved.length], keep=1, hidden=())  # under the caller's grad mode
+
+
+def _head_weight(model: PreTrainedModel) -> torch.Tensor | None:
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else None
+
+
+def is_pipelined(model: PreTrainedModel) -> bool:
+    """Whether `model` runs across pipeline stages: a transformers pipeline-parallel stage, or a
+    `device_map` placing its modules on more than one device."""
+    if getattr(model, "_pp_stage", None) is not None:
+        return True
+    placement = getattr(model, "hf_device_map", None) or {}
+    return len({str(device) for device in placement.values() if str(device) not in ("disk", "meta")}) > 1
 
 
 _SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache

@@ -17,6 +17,7 @@ from specdec.bench.questions import Question, from_prompts, load_questions, turn
 from specdec.bench.report import NOISE_BOUND, SCHEMA, csv_text, noisy_contenders, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
 from specdec.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prompt_format
+from specdec.sharding import agree_object, is_main_process
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
@@ -183,7 +184,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     runs, compiled = run_bench(model, prompt_ids, decode, questions, contenders, config.sampling, config.max_new_tokens,
                                config.repeats, config.warmup, config.seed, assistant, advance,
                                max_repeats=config.repeat_limit,
-                               noisy=lambda so_far: noisy_contenders(so_far, contenders, config.noise_bound))
+                               noisy=lambda so_far: agree_object(noisy_contenders(so_far, contenders,
+                                                                                  config.noise_bound)))
     from specdec.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
@@ -212,8 +214,9 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                 "forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in costs.items()},
                 "tree_forward_costs": {e: {str(n): t for n, t in c.items()} for e, c in tree_costs.items()},
                 "compile_seconds": sum(compiled.values()), "records": records}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
-    (out / "results.csv").write_text(csv_text(records))
+    if is_main_process():  # under torchrun, rank 0 writes the results
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+        (out / "results.csv").write_text(csv_text(records))
     return records, document
 

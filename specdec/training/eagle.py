@@ -73,8 +73,12 @@ class EagleStudent:
 
     def _predict(self, batch: TeacherBatch, noisy: bool) -> torch.Tensor:
         embeds, features, positions = feature_pairs(self.embed, batch)
-        if noisy and self.noise > 0:
-            features = features + (torch.rand_like(features) * 2 - 1) * self.noise
+        if noisy and self.noise > 0:  # drawn for the step's global batch, so any split of it trains alike
+            rank, ranks = batch.part
+            shape = (features.shape[0] * ranks, *features.shape[1:])
+            uniform = torch.rand(shape, dtype=features.dtype, device=features.device)
+            features = features + (uniform[rank * features.shape[0] : (rank + 1) * features.shape[0]] * 2 - 1) \
+                * self.noise
         return self.module(embeds, features, positions)  # (B, T-1, H): f̂_1 .. f̂_{T-1}
 
     def loss(self, batch: TeacherBatch) -> torch.Tensor:

@@ -3,7 +3,9 @@
 The target is frozen; the drafter learns the target's own distributions over the text
 (self-distillation), and the result is measured on held-out files by decoding with it. The
 checkpoint is written in the format its drafter loads, into a staging directory renamed to
-`out` only when complete.
+`out` only when complete. Under torchrun each process trains on its share of every step's batch
+(DistributedDataParallel: gloo on CPU, NCCL on GPUs), which trains the drafter one process
+would train on the same data and seed; rank 0 alone measures it and writes `out`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.eagle3_head import SPECULATORS
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
+from specdec.sharding import agree_object, is_main_process, rank_zero_first
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent, DraftSize
@@ -132,6 +135,15 @@ def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path],
     prompts = prompt_windows(tokens.heldout, settings.eval_prompts, min(settings.eval_prompt_tokens, length))
     student = _student(kind, target, settings, tokens.train)
     distill(target, [student], tokens.train, settings.steps, show_progress)
+    with rank_zero_first():  # under torchrun, rank 0 measures and writes; the others take its report
+        report = _finish(kind, student, target, target_dir, tokenizer, tokens, windows, prompts, settings, data,
+                         out) if is_main_process() else None
+    return agree_object(report)
+
+
+def _finish(kind: str, student: Any, target: Any, target_dir: Path, tokenizer: Any, tokens: Any, windows: torch.Tensor,
+            prompts: Any, settings: TrainSettings, data: Sequence[str | Path], out: Path) -> TrainReport:
+    """Measure the trained student on the held-out text and write it to `out`, atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:

@@ -20,12 +20,15 @@ class TeacherBatch:
     """ids [B, T]; hidden [B, T, H], the target's last-layer post-norm hidden states (the features
     drafters read at decode time); log_probs [B, T, V], its next-token log-probabilities (row t
     predicts ids[:, t + 1]); layers: the hidden states [B, T, H] of the layers students asked for
-    (`hidden_layers`, transformers' `hidden_states` indices)."""
+    (`hidden_layers`, transformers' `hidden_states` indices). part (rank, ranks): the windows are
+    that contiguous share of a step's global batch, under data parallelism (`distill`), so that a
+    student drawing random numbers per window draws for the global batch and keeps its share."""
 
     ids: torch.Tensor
     hidden: torch.Tensor
     log_probs: torch.Tensor
     layers: dict[int, torch.Tensor] = field(default_factory=dict)
+    part: tuple[int, int] = (0, 1)
 
 
 @torch.no_grad()
