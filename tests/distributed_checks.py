@@ -41,6 +41,9 @@ def drafters(zoo: Path, files: Path) -> dict[str, Any]:
     return {
         "plain": lambda: None,
         "ngram": lambda: specdec.make_drafter("ngram", max_ngram=3),
+        "suffix": lambda: specdec.make_drafter("suffix"),
+        "lookahead": lambda: specdec.make_drafter("lookahead"),
+        "medusa+tree": lambda: specdec.make_drafter("medusa", path=str(zoo / "medusa"), tree=True),
         "draft-model": lambda: specdec.make_drafter("draft-model", model=str(zoo / "draft-model")),
         "draft-model+tree": lambda: specdec.make_drafter("draft-model", model=str(zoo / "draft-model"), tree=True),
         "draft-model-sharded": lambda: specdec.make_drafter("draft-model", model=str(files / "draft"), shard=True),

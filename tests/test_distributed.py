@@ -78,7 +78,7 @@ def alone(quick_zoo: Path, files: Path) -> dict[str, Any]:
     return seen
 
 
-FAMILIES = ["plain", "ngram", "draft-model", "draft-model+tree", "draft-model-sharded", "eagle", "eagle+tree",
+FAMILIES = ["plain", "ngram", "suffix", "lookahead", "medusa+tree", "draft-model", "draft-model+tree", "draft-model-sharded", "eagle", "eagle+tree",
             "eagle3", "mtp"]
 
 
@@ -167,3 +167,22 @@ def test_a_draft_and_a_verdict_survive_their_packing():
     assert chain[0].tokens.tolist() == [9] and chain[1] is None and chain[0].extra is None
     verdict = specdec.Verdict(torch.tensor([4, 6, 2]), 2, path=(0, 2))
     assert _pack_verdict(verdict, 3, 5, torch.device("cpu")).tolist() == [2, 3, 4, 6, 2, -1, -1, -1, 0, 2, -1, -1, -1]
+
+
+def test_explicit_masks_and_positions_leave_a_whole_model_exact(quick_zoo):
+    """The forwards a pipelined model gets (a 4D causal mask and position ids on every forward)
+    decode what the model's own causal forwards decode."""
+    from specdec.target import CausalLM, is_pipelined
+
+    model = load_causal_lm(quick_zoo / "target")
+    ids = prompts(quick_zoo)[0]
+    expected = specdec.generate(model, ids, drafter="ngram", max_new_tokens=NEW).tokens
+    lm = CausalLM(model)
+    assert not is_pipelined(model) and not lm.pipelined
+    lm.pipelined = True
+    assert specdec.generate(lm, ids, drafter="ngram", max_new_tokens=NEW).tokens == expected
+    model.hf_device_map = {"model.embed_tokens": "cpu", "model.layers": 0, "lm_head": "disk"}
+    try:
+        assert is_pipelined(model)
+    finally:
+        del model.hf_device_map
