@@ -82,8 +82,13 @@ def has_recurrent_state(cache: Cache) -> bool:
 
 
 def cache_length(cache: Cache | None) -> int:
-    """Tokens held by the cache (0 for no cache)."""
-    return 0 if cache is None else int(cache.get_seq_length())
+    """Tokens held by the cache (0 for no cache); on a pipeline stage, those of the first layer it runs."""
+    if cache is None:
+        return 0
+    for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+            return int(cache.get_seq_length(index))
+    return int(cache.get_seq_length())
 
 
 def crop_cache(cache: Cache, length: int) -> None:

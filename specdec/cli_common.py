@@ -78,6 +78,8 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
     tp = getattr(args, "tp", 1)
     if tp != 1:
         check_tp(path, args)
+    elif getattr(args, "check_ranks", False):
+        raise CLIError("--check-ranks compares the ranks holding a sharded target; give --tp N under torchrun")
     try:
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp)

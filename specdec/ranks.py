@@ -55,16 +55,13 @@ class Ranks:
     device: torch.device
     check: bool
 
-    @property
-    def is_leader(self) -> bool:
-        return self.rank == 0
-
     def agree(self, payload: torch.Tensor, what: str) -> torch.Tensor:
         """The leader's `payload` (a 1-D integer tensor, the same length on every rank), on this
         rank's device. With the check on, first raise if any rank's own payload differs."""
         import torch.distributed as dist
 
-        local = payload.to(device=self.device, dtype=torch.long).contiguous()
+        local = payload.to(device=self.device, dtype=torch.long, copy=True).contiguous()  # a copy: the
+        # broadcast writes into it, and the caller compares its own payload with the leader's
         if self.check:
             gathered = [torch.empty_like(local) for _ in range(self.size)]
             dist.all_gather(gathered, local, group=self.group)
@@ -79,8 +76,8 @@ class Ranks:
         return local.to(payload.device)
 
     def agree_seed(self, seed: int) -> int:
-        """The leader's seed (seeds are checked to agree only when the check is on: ranks may be given
-        different seeds, or none, and the leader's is taken)."""
+        """The leader's seed: ranks may be given different seeds, or none, and every rank takes the
+        leader's (never checked: differing seeds are allowed)."""
         import torch.distributed as dist
 
         value = torch.tensor([seed], dtype=torch.long, device=self.device)

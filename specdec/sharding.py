@@ -111,7 +111,13 @@ def rank_zero_output() -> Iterator[None]:
         return
     joined = not dist.is_initialized()
     if joined:
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        from datetime import timedelta
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # two hours, as transformers waits: rank 0 may build the zoo or evaluate while the others wait
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(hours=2))
     try:
         if process_rank() == 0:
             yield

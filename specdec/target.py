@@ -178,6 +178,9 @@ class CausalLM:
             self._compile = compile
         self._recurrent = has_recurrent_state(self.kv.cache)
         self._obstacle = tree_obstacle(self.model, self.kv.cache)
+        if self.pipelined and self._obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} is placed across pipeline stages, where every forward "
+                             f"needs an explicit 4D mask, but it cannot take one: {self._obstacle}")
         self._snapshots = []
 
     def forward(

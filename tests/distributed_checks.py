@@ -103,6 +103,9 @@ def main() -> None:
                                                                                  max_new_tokens=NEW)]
         seen[f"batch-sampled/{name}"] = [g.tokens for g in specdec.generate_batch(
             target, ids, drafter=make(), max_new_tokens=NEW, sampling=SAMPLED, seed=50 + rank)]
+    for skew in ("draft", "draws"):  # without the check: rank 0's draft and verdict are what every rank takes
+        seen[f"skewed/{skew}"] = specdec.generate(target, ids[0], drafter=RankSkewedDrafter(skew), max_new_tokens=NEW,
+                                                  sampling=SAMPLED if skew == "draws" else Sampling(), seed=3).tokens
     os.environ[CHECK_VARIABLE] = "1"
     seen["checked/ngram"] = specdec.generate(target, ids[0], drafter="ngram", max_new_tokens=NEW,
                                              sampling=SAMPLED, seed=rank).tokens
@@ -128,7 +131,8 @@ def agreement_cost(target: Any, ids: list[list[int]]) -> dict[str, float]:
 
     ranks = CausalLM(target).ranks
     assert ranks is not None
-    draft, verdict = torch.zeros(3 + 2 * 4, dtype=torch.long), torch.zeros(3 + 2 * 4, dtype=torch.long)
+    # ngram's payloads: its node budget (64, undeclared) sets a draft's 3 + 2 * 64 and a verdict's 3 + 2 * 64 longs
+    draft, verdict = torch.zeros(3 + 2 * 64, dtype=torch.long), torch.zeros(3 + 2 * 64, dtype=torch.long)
     for _ in range(20):
         ranks.agree(draft, "draft")
     dist.barrier()

@@ -105,6 +105,11 @@ def test_ranks_given_different_seeds_or_none_emit_the_same_tokens(ranks, alone, 
         assert ranks[0][f"batch-sampled/{name}"] == ranks[1][f"batch-sampled/{name}"]
 
 
+def test_a_rank_that_drafts_or_draws_differently_still_emits_rank_zeros_tokens(ranks, alone):
+    assert ranks[0]["skewed/draft"] == ranks[1]["skewed/draft"] == alone["ngram"][0]
+    assert ranks[0]["skewed/draws"] == ranks[1]["skewed/draws"]
+
+
 def test_the_check_passes_agreeing_ranks_and_names_the_rank_that_differs(ranks):
     assert ranks[0]["checked/ngram"] == ranks[1]["checked/ngram"]
     drafted, drew = ranks[0]["caught/draft"], ranks[0]["caught/draws"]
@@ -147,6 +152,8 @@ def test_tp_without_a_process_group_or_with_heads_it_cannot_split_is_refused(qui
     assert cli.main(["generate", "--target", str(quick_zoo / "target"), "--tp", "2", "x"]) == 2
     assert "--tp 2 needs a process group of 2 processes; launch with torchrun --nproc_per_node 2" in \
         capsys.readouterr().err
+    assert cli.main(["generate", "--target", str(quick_zoo / "target"), "--check-ranks", "x"]) == 2
+    assert "--check-ranks compares the ranks holding a sharded target; give --tp N" in capsys.readouterr().err
     config = load_causal_lm(quick_zoo / "target").config
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match=r"--tp 3 does not divide the model's num_attention_heads \(4\)"):

@@ -80,7 +80,7 @@ def _data_parallel(loss: _Loss) -> torch.nn.Module:
 
     device = next(loss.inner.parameters()).device
     return DistributedDataParallel(loss, device_ids=[device] if device.type == "cuda" else None,
-                                   find_unused_parameters=True)
+                                   find_unused_parameters=True, broadcast_buffers=False)
 
 
 def data_parallel_part(batch: int) -> tuple[int, int]:
