@@ -7,7 +7,6 @@ report the processed distribution each token was drawn from; greedy drafts are i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,7 +31,7 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
         return model
     if isinstance(model, (str, Path)):
         from specdec.checkpoints import load_causal_lm, resolve_checkpoint
-        from specdec.sharding import in_process_group
+        from specdec.sharding import in_process_group, world_size
 
         path = resolve_checkpoint(model, "draft-model model")
         if not (path / "config.json").is_file():
@@ -40,12 +39,7 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
         if shard and not in_process_group():
             raise ValueError("draft-model: shard=true shards the draft model like the target, over the processes "
                              "of a torchrun launch; there is none (launch with torchrun, or drop shard=true)")
-        if shard:
-            import torch.distributed as dist
-
-            world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
-            return load_causal_lm(path, tp=world)
-        return load_causal_lm(path)
+        return load_causal_lm(path, tp=world_size() if shard else 1)
     raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory or a hub id, got {model!r}")
 
 

@@ -4,11 +4,11 @@ options and loading of the models a command runs (`--device`, `--dtype`, `--comp
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DTYPES", "CLIError", "add_model_options", "check_tp", "load_target", "model_device", "one_line",
-           "resolve_target"]
+__all__ = ["DTYPES", "CLIError", "add_model_options", "load_target", "model_device", "one_line", "resolve_target"]
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -72,15 +72,16 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.ranks import CHECK_VARIABLE
 
     device = model_device(args.device)
     path = resolve_target(name)
     tp = getattr(args, "tp", 1)
-    if tp != 1:
-        check_tp(path, args)
-    elif getattr(args, "check_ranks", False):
-        raise CLIError("--check-ranks compares the ranks holding a sharded target; give --tp N under torchrun")
-    try:
+    if getattr(args, "check_ranks", False):
+        if tp == 1:
+            raise CLIError("--check-ranks compares the ranks holding a sharded target; give --tp N under torchrun")
+        os.environ[CHECK_VARIABLE] = "1"
+    try:  # a --tp the model or the launch cannot take fails in load_causal_lm, before any weight is read
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp)
     except (OSError, ValueError, KeyError) as error:
@@ -89,20 +90,3 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
         return tokenizer, model.eval()
     return tokenizer, model.to(device).eval()
 
-
-def check_tp(path: Path, args: argparse.Namespace) -> None:
-    """A CLIError when `--tp` cannot shard the model at `path` here (no process group, another
-    number of processes, heads it does not divide); sets the rank check asked for."""
-    import os
-
-    from transformers import AutoConfig
-
-    from specdec.ranks import CHECK_VARIABLE
-    from specdec.sharding import check_tensor_parallel
-
-    try:
-        check_tensor_parallel(AutoConfig.from_pretrained(path, local_files_only=True), args.tp)
-    except (ValueError, OSError) as error:
-        raise CLIError(one_line(error)) from None
-    if getattr(args, "check_ranks", False):
-        os.environ[CHECK_VARIABLE] = "1"

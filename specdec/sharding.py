@@ -20,17 +20,13 @@ from typing import Any
 import torch
 
 __all__ = ["agree_object", "check_tensor_parallel", "in_process_group", "is_main_process", "load_sharded",
-           "process_rank", "rank_zero_first", "rank_zero_output"]
+           "process_rank", "rank_zero_first", "rank_zero_output", "world_size"]
 
 
 def in_process_group() -> bool:
     """Whether this process belongs to a group of several: launched by torchrun (WORLD_SIZE > 1)
     or with torch.distributed initialized over more than one process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size() > 1
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return world_size() > 1
 
 
 def process_rank() -> int:
@@ -61,7 +57,7 @@ def check_tensor_parallel(config: Any, tp: int, what: str = "--tp") -> None:
     if not in_process_group():
         raise ValueError(f"{what} {tp} needs a process group of {tp} processes; launch with "
                          f"torchrun --nproc_per_node {tp} -m specdec ...")
-    world = _world_size()
+    world = world_size()
     if world != tp:
         raise ValueError(f"{what} {tp} shards the model over {tp} processes, but torchrun started {world}; "
                          f"launch with --nproc_per_node {tp}")
@@ -91,7 +87,8 @@ def load_sharded(path: str | Path, tp: int, dtype: torch.dtype | None = None) ->
         return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
 
 
-def _world_size() -> int:
+def world_size() -> int:
+    """Processes in this process's group: torch.distributed's world, else torchrun's WORLD_SIZE, else 1."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
