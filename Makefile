@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-gpu clean
+.PHONY: demo test bench bench-gpu browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+test: $(STAMP) browser
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+
+# Headless Chromium for the browser test of `specdec play` (Debian's package, driven by Playwright).
+# Where it cannot be installed the test skips with one line; under CI=true it fails instead.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "installing headless Chromium for the browser test (apt-get install chromium)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -qq >/dev/null 2>&1 && \
+	      $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; } || \
+	  echo "could not install chromium with apt-get: the browser test will skip"; }
 
 bench: $(STAMP)
 	$(VENV)/bin/specdec bench

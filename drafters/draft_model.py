@@ -91,6 +91,10 @@ class DraftModelDrafter:
         self._committed = 0  # len(ctx.tokens) when the last draft was proposed
         self._max_draft = 0  # the loop's k in this generation
 
+    @property
+    def cache_length(self) -> int:
+        return self.lm.cache_length
+
     def prefill(self, ctx: DraftContext) -> None:
         if self.lm.vocab_size != ctx.vocab_size:
             raise ValueError(

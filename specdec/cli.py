@@ -27,6 +27,7 @@ from specdec.cli_bench import add_bench_command
 from specdec.cli_common import CLIError, add_model_options, load_target, model_device, one_line, resolve_target
 from specdec.cli_datastore import add_datastore_commands
 from specdec.cli_export import add_export_command
+from specdec.cli_play import add_play_command
 from specdec.cli_trace import add_trace_command
 from specdec.cli_train import add_train_command
 from specdec.cli_verify import add_verify_command
@@ -279,6 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     add_trace_command(commands)
     add_export_command(commands)
     add_datastore_commands(commands)
+    add_play_command(commands)
     return parser
 
 

@@ -33,7 +33,7 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.sampling import probabilities
 from specdec.target import LAST_LAYER, CausalLM
 from specdec.tree_logits import TreeLogits
-from specdec.trace import Trace
+from specdec.trace import CacheLengths, Trace
 from specdec.trees import chain_parents, depths, first_path
 from specdec.types import Draft, Generation, Sampling, Verdict
 from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdict, validate_draft, verify_tree,
@@ -80,6 +80,7 @@ class Proposal:
     seconds: float = 0.0
     faults: torch.Tensor | None = None  # 0-d: a chain's ids or probs break the contract (read with the verdict)
     own: bool = True  # under ranks: this rank's draft is the leader's, so this rank can decide its verdict
+    drafter_lengths: tuple[int, int] | None = None  # traced: the drafter's cache before and after its propose
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Block:
     shown: Any  # the logits the trace reads: [n + 1, V] for a chain, the TreeLogits of a tree
     seconds: float
     extra_logits: torch.Tensor | None = None  # [m, V] the logits of the draft's extra rows
+    verified_length: int = 0  # the target's cache after the verify forward (before the rollback)
 
 
 def decode(run: Run) -> Generation:
@@ -141,7 +143,9 @@ def draft(run: Run) -> Proposal:
         return Proposal(Draft(run.tokens[:0]))
     tick = time.perf_counter()
     k = min(run.k, budget - 1)
+    before = _drafter_length(run) if run.trace is not None else None
     proposed = _call(run, "propose", run.ctx, k)
+    after = _drafter_length(run) if before is not None else None
     parents = validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, values=False,
                              extra_rows=run.engine.extra_rows)
     if proposed.extra is not None:
@@ -161,7 +165,8 @@ def draft(run: Run) -> Proposal:
         proposed, parents, own = agree_draft(run.lm.ranks, proposed, parents, run.engine, run.counters.steps)
         nodes, faults = (nodes, faults) if own else (None, None)
     _synchronize(run.lm.device)
-    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults, own)
+    lengths = (before, after) if before is not None and after is not None else None
+    return Proposal(proposed, parents, nodes, True, time.perf_counter() - tick, faults, own, lengths)
 
 
 def verify(run: Run, proposal: Proposal) -> Block:
@@ -192,7 +197,8 @@ def verify(run: Run, proposal: Proposal) -> Block:
                                          run.lm.device)
     assert verdict is not None
     emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
-    return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick, extra_logits)
+    return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick, extra_logits,
+                 run.lm.cache_length)
 
 
 def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
@@ -256,7 +262,23 @@ def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) ->
     if run.trace is not None:
         shown = block.shown.all() if isinstance(block.shown, TreeLogits) else block.shown
         run.trace.record(proposal.draft, shown, run.sampling, block.verdict, block.emitted, draft_seconds,
-                         block.seconds, proposal.parents)
+                         block.seconds, proposal.parents, _cache_lengths(run, proposal, block))
+
+
+def _cache_lengths(run: Run, proposal: Proposal, block: Block) -> CacheLengths:
+    """The traced step's cache lengths: asked, verified (target) / drafted (drafter), committed."""
+    target = (run.length - 1 - block.emitted, block.verified_length, run.lm.cache_length)
+    after = _drafter_length(run)
+    if after is None:
+        return CacheLengths(target)
+    asked = proposal.drafter_lengths if proposal.drafter_lengths is not None else (after, after)  # not asked: unchanged
+    return CacheLengths(target, (*asked, after))
+
+
+def _drafter_length(run: Run) -> int | None:
+    """The positions the drafter's own cache holds, when it reports them (`cache_length`)."""
+    length = getattr(run.drafter, "cache_length", None)
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
 def hidden_layers(drafter: Drafter | None, name: str, lm: CausalLM) -> tuple[int, ...]:

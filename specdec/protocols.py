@@ -88,6 +88,8 @@ class Drafter(Protocol):
           them. Their logits come back in ctx.extra_logits; they never enter the cache or the
           verdict. Targets that cannot run a tree forward drop them, with a warning.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
+    Optional attribute: cache_length (an int), the positions the drafter's own KV cache holds;
+    traces record it before and after each propose and commit (`specdec.trace.CacheLengths`).
 
     A draft with `parents` is a tree whose depth is at most k and whose size is at most
     max_draft_nodes(k) (`specdec.types.Draft`); targets that cannot run a tree forward verify

@@ -1,7 +1,8 @@
 """A record of every decode step, for learners: which tokens were drafted, what the target
 thought of each (p), what the drafter claimed (q), the acceptance probability min(1, p/q), the
-uniform draw that decided, where the correction or bonus came from, and the time each step's
-drafting and verifying took. `specdec.generate(..., trace=Trace())` fills one.
+uniform draw that decided, where the correction or bonus came from, the time each step's
+drafting and verifying took, the whole draft (a tree with its parents) and how the target's and
+the drafter's caches grew and rolled back. `specdec.generate(..., trace=Trace())` fills one.
 
 At temperature 0 the verifier compares with the target's argmax and draws nothing: `p` is then
 the target's probability at temperature 1 (for reading), `accept` is 1 or 0 and `uniform` None.
@@ -17,7 +18,7 @@ from specdec.sampling import probabilities
 from specdec.trees import children
 from specdec.types import Draft, Sampling, Verdict
 
-__all__ = ["Trace", "TraceStep", "TraceToken"]
+__all__ = ["CacheLengths", "Trace", "TraceStep", "TraceToken"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,18 @@ class TraceToken:
     q: float | None = None  # the drafter's (1.0 for a deterministic draft)
     accept: float | None = None  # min(1, p / q)
     uniform: float | None = None  # the draw compared with `accept` (None at temperature 0)
+    node: int | None = None  # the draft node a drafted token is (its index in TraceStep.drafted)
+
+
+@dataclass(frozen=True)
+class CacheLengths:
+    """Positions held by the target's KV cache, and the drafter's (None for a drafter without a
+    cache, or one that does not report its `cache_length`), at three moments of a step: when the
+    drafter is asked, after the verify forward (the target) or the propose (the drafter), and
+    after the commit has rolled both back to the committed tokens."""
+
+    target: tuple[int, int, int]
+    drafter: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,9 @@ class TraceStep:
     tokens: tuple[TraceToken, ...]
     draft_seconds: float
     verify_seconds: float
+    drafted: tuple[int, ...] = ()  # every drafted token (a tree's nodes in order)
+    parents: tuple[int, ...] | None = None  # a tree's parent of each node (-1: the root); None for a chain
+    caches: CacheLengths | None = None
 
     @property
     def emitted(self) -> list[int]:
@@ -55,7 +71,8 @@ class Trace:
     prefill_seconds: float = 0.0
 
     def record(self, draft: Draft, logits: torch.Tensor, sampling: Sampling, verdict: Verdict, emitted: int,
-               draft_seconds: float, verify_seconds: float, parents: list[int] | None = None) -> None:
+               draft_seconds: float, verify_seconds: float, parents: list[int] | None = None,
+               caches: CacheLengths | None = None) -> None:
         """Add one step; `emitted` is how many of the verdict's tokens the loop kept (EOS, budget).
 
         For a tree (`parents` given) the step lists, level by level, each candidate the verifier
@@ -73,7 +90,7 @@ class Trace:
             q = 1.0 if draft.probs is None else float(draft.probs[node, drafted[node]])
             accept = None if verdict.acceptance is None else float(verdict.acceptance[j])
             uniform = None if verdict.uniforms is None else float(verdict.uniforms[j])
-            tokens.append(TraceToken(drafted[node], kind, p, q, accept, uniform))
+            tokens.append(TraceToken(drafted[node], kind, p, q, accept, uniform, node))
         last = int(verdict.tokens[-1])
         final_row = verdict.accepted_nodes[-1] + 1 if verdict.num_accepted else 0
         if parents is None:
@@ -86,7 +103,8 @@ class Trace:
         for token in tokens:  # drop what the loop did not emit (past EOS or the budget)
             if token.kind == "rejected" or sum(t.kind != "rejected" for t in kept) < emitted:
                 kept.append(token)
-        self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds))
+        self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds, tuple(drafted),
+                                    None if parents is None else tuple(parents), caches))
 
 
 

@@ -31,3 +31,26 @@ def quick_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return zoo.build(zoo.QUICK, root=tmp_path_factory.mktemp("zoo-cache"), show_progress=False,
                      log=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def play_zoo(quick_zoo: Path) -> Path:
+    """The zoo `specdec play` serves in the tests: the quick one, or with SPECDEC_PLAY_ZOO=full the
+    default (full) zoo from the user's cache, as the screenshots in docs/learn.md are taken."""
+    if os.environ.get("SPECDEC_PLAY_ZOO", "quick") == "full":
+        from specdec import zoo
+
+        return zoo.build(zoo.FULL)
+    return quick_zoo
+
+
+@pytest.fixture(scope="session")
+def play_server(play_zoo: Path, quick_zoo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `specdec play` on `play_zoo` for the session, with the test plugin installed."""
+    from play_server import install_test_plugin, start_play
+
+    plugin = install_test_plugin(tmp_path_factory.mktemp("play-plugin"))
+    family = ["--quick"] if play_zoo == quick_zoo else []
+    server = start_play([*family, "--cache-dir", str(play_zoo.parent)], plugin)
+    yield server
+    server.stop()

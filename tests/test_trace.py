@@ -128,3 +128,51 @@ def test_generate_and_trace_commands_write_pages(quick_zoo: Path, tmp_path: Path
                      "--out", str(traced), "--quiet"]) == 0
     text = traced.read_text()
     assert "specdec trace: eagle, k = 4" in text and 'class="step"' in text
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_trace_records_the_draft_and_the_caches_rolling_back(tree: bool) -> None:
+    """Each step keeps its whole draft (a tree with its parents), and the target's cache goes from
+    the committed length, to that plus the verify rows, back to the committed length after it."""
+    model = tiny_model("llama")
+    drafter = RandomTreeDrafter() if tree else RandomQDrafter()
+    trace = Trace()
+    result = specdec.generate(model, PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=30,
+                              sampling=Sampling(temperature=0.9), seed=2, trace=trace)
+    committed = len(PROMPT) - 1  # the cache holds all but the last committed id
+    for step in trace.steps:
+        assert step.caches is not None
+        before, verified, after = step.caches.target
+        assert before == committed
+        assert verified >= before + len(step.drafted) + 1
+        committed += len(step.emitted)
+        assert after == committed
+        assert (step.parents is not None) == (tree and bool(step.drafted))  # the last step may draft nothing
+        if step.parents is not None:
+            assert len(step.parents) == len(step.drafted) and all(-1 <= p < i for i, p in enumerate(step.parents))
+        for token in step.tokens:
+            if token.kind in ("accepted", "rejected"):
+                assert token.node is not None and step.drafted[token.node] == token.token
+            else:
+                assert token.node is None
+    assert [t for s in trace.steps for t in s.emitted] == result.tokens
+
+
+def test_trace_records_the_draft_models_cache() -> None:
+    """A drafter that reports `cache_length` (the draft model) has its cache traced: it grows
+    while drafting and is rolled back to the committed tokens by the commit."""
+    target = tiny_model("llama")
+    trace = Trace()
+    drafter = specdec.make_drafter("draft-model", model=tiny_model("llama", seed=5))
+    specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=20, trace=trace)
+    committed = len(PROMPT) - 1
+    for step in trace.steps:
+        assert step.caches is not None and step.caches.drafter is not None
+        before, drafted, after = step.caches.drafter
+        if step.drafted:
+            assert drafted > before
+        committed += len(step.emitted)
+        assert after <= committed
+    plain = Trace()
+    specdec.generate(target, PROMPT, drafter="ngram", num_draft_tokens=3, max_new_tokens=8, trace=plain)
+    assert all(s.caches is not None and s.caches.drafter is None for s in plain.steps)

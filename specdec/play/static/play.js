@@ -1,0 +1,506 @@
+// specdec play: the page's only script. It asks the server (specdec.play.app) for a traced run, a
+// comparison or a probe, and draws what comes back. No library and no network beyond this server.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { info: null, run: null, runKey: null, shown: 0, selected: 0, busy: false };
+
+// --- talking to the server -----------------------------------------------------------------------
+
+async function api(path, body) {
+  const options = body === undefined ? {} : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (error) {
+    throw new Error(`the server did not answer (${error.message}); is specdec play still running?`);
+  }
+  let data = null;
+  try { data = await response.json(); } catch (error) { data = null; }
+  if (!response.ok) {
+    const message = data && data.error ? data.error : response.statusText;
+    throw new Error(`${response.status}: ${message}`);
+  }
+  return data;
+}
+
+function showError(error) {
+  const box = $("error");
+  box.textContent = error ? String(error.message || error) : "";
+  box.hidden = !error;
+}
+
+async function busy(label, work) {
+  if (state.busy) return;
+  state.busy = true;
+  document.body.dataset.busy = "true";
+  document.querySelectorAll("button:not(.tab)").forEach((b) => { b.disabled = true; });
+  $("status").textContent = label;
+  try {
+    await work();
+    showError(null);
+  } catch (error) {
+    showError(error);
+    $("status").textContent = "";
+  } finally {
+    state.busy = false;
+    document.querySelectorAll("button:not(.tab)").forEach((b) => { b.disabled = false; });
+    document.body.dataset.busy = "false";
+  }
+}
+
+// --- controls ------------------------------------------------------------------------------------
+
+function settings() {
+  return {
+    prompt: $("prompt").value,
+    drafter: $("drafter").value,
+    k: Number($("k").value),
+    shape: document.querySelector("input[name=shape]:checked").value,
+    temperature: Number($("temperature").value),
+    top_p: Number($("top-p").value),
+    max_new_tokens: Number($("max-new-tokens").value),
+    seed: Number($("seed").value),
+  };
+}
+
+function syncOutputs() {
+  $("k-value").textContent = $("k").value;
+  $("temperature-value").textContent = $("temperature").value;
+  $("top-p-value").textContent = $("top-p").value;
+  const choice = (state.info ? state.info.drafters : []).find((d) => d.name === $("drafter").value);
+  const tree = document.querySelector("input[name=shape][value=tree]");
+  tree.disabled = !choice || !choice.tree;
+  if (tree.disabled && tree.checked) document.querySelector("input[name=shape][value=chain]").checked = true;
+}
+
+async function loadInfo() {
+  const info = await api("/api/info");
+  state.info = info;
+  $("model").textContent = `${info.title}: ${info.model}, vocabulary ${info.vocab_size}`;
+  const select = $("drafter");
+  select.textContent = "";
+  for (const d of info.drafters) {
+    const option = document.createElement("option");
+    option.value = d.name;
+    option.textContent = d.available ? d.name + (d.tree ? "  (chain or tree)" : "") : `${d.name}  (unavailable)`;
+    option.disabled = !d.available;
+    if (!d.available) option.title = d.reason;
+    select.appendChild(option);
+  }
+  const defaults = info.defaults;
+  const firstDrafter = info.drafters.find((d) => d.available && d.name !== "plain");
+  select.value = info.drafters.some((d) => d.name === defaults.drafter && d.available) ? defaults.drafter
+    : (firstDrafter ? firstDrafter.name : "plain");
+  $("prompt").value = defaults.prompt;
+  $("probe-prefix").value = defaults.prompt;
+  $("k").max = String(Math.min(info.limits.max_k, 12));
+  $("k").value = String(defaults.k);
+  $("max-new-tokens").max = String(info.limits.max_new_tokens);
+  $("max-new-tokens").value = String(defaults.max_new_tokens);
+  $("probe-top").max = String(info.limits.max_top);
+  syncOutputs();
+  document.body.dataset.ready = "true";
+}
+
+// --- drawing helpers -----------------------------------------------------------------------------
+
+function visible(text) {  // a token as a chip shows its whitespace
+  return text.replace(/ /g, "\u00b7").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5") || "\u2205";
+}
+
+function chip(text, kind, title) {
+  const span = document.createElement("span");
+  span.className = `chip ${kind}`;
+  span.textContent = kind === "prompt" ? text : visible(text);
+  if (title) span.title = title;
+  return span;
+}
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+const fmt = (x, digits = 3) => (x === null || x === undefined ? "—" : Number(x).toFixed(digits));
+
+function tokenTitle(t) {
+  if (t.kind === "correction") return `correction: drawn from the residual norm(max(0, p - q)), p = ${fmt(t.p)}`;
+  if (t.kind === "bonus") return `bonus: drawn from the target after a full acceptance, p = ${fmt(t.p)}`;
+  const rule = t.uniform === null ? "greedy: accepted when it is the target's argmax"
+    : `u = ${fmt(t.uniform)} ${t.kind === "accepted" ? "<" : ">="} min(1, p/q) = ${fmt(t.accept)}`;
+  return `${t.kind}: p = ${fmt(t.p)}, q = ${fmt(t.q)}; ${rule}`;
+}
+
+// --- the step view -------------------------------------------------------------------------------
+
+function drawOutput() {
+  const run = state.run;
+  const out = $("output");
+  out.textContent = "";
+  if (!run) { out.dataset.tokens = ""; return; }
+  out.appendChild(chip(run.request.prompt, "prompt", "the prompt"));
+  const emitted = [];
+  run.steps.slice(0, state.shown).forEach((step, i) => {
+    for (const t of step.tokens) {
+      if (t.kind === "rejected") continue;
+      const c = chip(t.text, t.kind, `step ${i + 1}: ${tokenTitle(t)}`);
+      c.classList.remove("chip");
+      c.classList.add("chip", "inline");
+      c.textContent = t.text;
+      if (i + 1 === state.selected) c.classList.add("current");
+      out.appendChild(c);
+      emitted.push(t.token);
+    }
+  });
+  out.dataset.tokens = emitted.join(",");
+  out.dataset.shown = String(state.shown);
+  out.dataset.steps = String(run.steps.length);
+}
+
+function drawSteps() {
+  const list = $("steps");
+  list.textContent = "";
+  if (!state.run) return;
+  state.run.steps.slice(0, state.shown).forEach((step, i) => {
+    const row = el("div", null, "steprow" + (i + 1 === state.selected ? " selected" : ""));
+    row.dataset.step = String(i + 1);
+    row.appendChild(el("span", `step ${i + 1}`, "label"));
+    for (const t of step.tokens) row.appendChild(chip(t.text, t.kind, tokenTitle(t)));
+    row.addEventListener("click", () => { state.selected = i + 1; drawStepView(); });
+    list.appendChild(row);
+  });
+}
+
+function drawTree(step) {
+  const box = $("draft-tree");
+  box.textContent = "";
+  const kinds = new Map();
+  for (const t of step.tokens) if (t.node !== null) kinds.set(t.node, t.kind);
+  const nodeChip = (d) => {
+    const kind = kinds.get(d.node) || "untried";
+    const c = chip(d.text, kind, `node ${d.node}, token ${d.token}: ${kind === "untried" ? "not tried (an earlier sibling or branch was taken)" : kind}`);
+    c.dataset.node = String(d.node);
+    return c;
+  };
+  const last = step.tokens[step.tokens.length - 1];
+  const tail = last && (last.kind === "bonus" || last.kind === "correction") ? last : null;
+  if (step.drafted.length === 0) {
+    box.appendChild(el("p", "Nothing was drafted this step: the target decoded one token plainly.", "muted"));
+    return;
+  }
+  box.appendChild(el("p", step.tree ? `The drafted tree (${step.drafted.length} nodes), verified in one forward:`
+    : `The drafted chain (${step.drafted.length} tokens), verified in one forward:`, "muted"));
+  if (!step.tree) {
+    const row = el("div", null, "chainrow");
+    row.appendChild(chip("context", "root", "the last committed token: row 0 of the verify forward"));
+    for (const d of step.drafted) { row.appendChild(el("span", "\u2192", "arrow")); row.appendChild(nodeChip(d)); }
+    if (tail) { row.appendChild(el("span", "  then ", "arrow")); row.appendChild(chip(tail.text, tail.kind, tokenTitle(tail))); }
+    box.appendChild(row);
+    return;
+  }
+  const children = new Map();
+  for (const d of step.drafted) {
+    if (!children.has(d.parent)) children.set(d.parent, []);
+    children.get(d.parent).push(d);
+  }
+  const build = (parent) => {
+    const ul = el("ul", null, parent === -1 ? "tree" : "");
+    for (const d of children.get(parent) || []) {
+      const li = el("li");
+      li.appendChild(nodeChip(d));
+      if (children.has(d.node)) li.appendChild(build(d.node));
+      ul.appendChild(li);
+    }
+    return ul;
+  };
+  const root = el("ul", null, "tree");
+  const li = el("li");
+  li.appendChild(chip("context", "root", "the last committed token: the tree's root"));
+  li.appendChild(build(-1));
+  root.appendChild(li);
+  box.appendChild(root);
+  if (tail) {
+    const p = el("p", `then the ${tail.kind}: `);
+    p.appendChild(chip(tail.text, tail.kind, tokenTitle(tail)));
+    box.appendChild(p);
+  }
+}
+
+function drawTable(step) {
+  const body = $("step-table").querySelector("tbody");
+  body.textContent = "";
+  step.tokens.forEach((t, i) => {
+    const tr = el("tr");
+    tr.dataset.kind = t.kind;
+    tr.dataset.token = String(t.token);
+    tr.appendChild(el("td", String(i + 1), "num"));
+    tr.appendChild(el("td", t.node === null ? "—" : String(t.node), "num"));
+    const cell = el("td");
+    cell.appendChild(chip(t.text, t.kind));
+    tr.appendChild(cell);
+    tr.appendChild(el("td", fmt(t.p), "num"));
+    tr.appendChild(el("td", t.kind === "correction" || t.kind === "bonus" ? "—" : fmt(t.q), "num"));
+    tr.appendChild(el("td", fmt(t.accept), "num"));
+    tr.appendChild(el("td", t.uniform === null ? "—" : fmt(t.uniform), "num"));
+    let verdict = t.kind;
+    if (t.kind === "accepted" || t.kind === "rejected") {
+      verdict = t.uniform === null ? `${t.kind} (greedy: ${t.kind === "accepted" ? "is" : "is not"} the target's argmax)`
+        : `${t.kind}: u ${t.kind === "accepted" ? "<" : "\u2265"} min(1, p/q)`;
+    } else if (t.kind === "correction") {
+      verdict = "correction, drawn from norm(max(0, p \u2212 q))";
+    } else {
+      verdict = "bonus, drawn from p after a full acceptance";
+    }
+    tr.appendChild(el("td", verdict));
+    body.appendChild(tr);
+  });
+}
+
+function cacheBlock(name, lengths, grewWord) {
+  const box = el("div", null, "cache");
+  if (!lengths) {
+    box.appendChild(el("div", `${name}: keeps no KV cache of its own (or does not report one).`, "muted"));
+    return box;
+  }
+  const [before, grown, after] = lengths;
+  const dropped = Math.max(0, grown - after);
+  box.appendChild(el("div", `${name}: ${before} \u2192 ${grown} after ${grewWord} \u2192 ${after} after the rollback` +
+    (dropped ? ` (${dropped} rolled back)` : "")));
+  box.dataset.lengths = lengths.join(",");
+  const widest = Math.max(1, before, grown, after);
+  const bars = el("div", null, "bars");
+  for (const [value, kind] of [[before, ""], [grown, "grown"], [after, "kept"]]) {
+    const bar = el("div", null, `bar ${kind}`);
+    bar.style.width = `${(100 * value) / widest}%`;
+    bar.title = `${value} positions`;
+    bars.appendChild(bar);
+  }
+  box.appendChild(bars);
+  return box;
+}
+
+function drawCaches(step) {
+  const box = $("caches");
+  box.textContent = "";
+  if (!step.caches) return;
+  box.appendChild(el("h2", "Caches"));
+  box.appendChild(cacheBlock("target KV cache", step.caches.target, "the verify forward"));
+  box.appendChild(cacheBlock("drafter cache", step.caches.drafter, "drafting"));
+}
+
+function drawStepView() {
+  drawOutput();
+  drawSteps();
+  const run = state.run;
+  const detail = $("detail");
+  if (!run || state.selected < 1) { detail.hidden = true; $("status").textContent = ""; return; }
+  const step = run.steps[state.selected - 1];
+  detail.hidden = false;
+  detail.dataset.step = String(state.selected);
+  const emitted = step.tokens.filter((t) => t.kind !== "rejected").length;
+  $("detail-title").textContent = `Step ${state.selected} of ${run.steps.length}: ${emitted} token${emitted === 1 ? "" : "s"} for one target forward`;
+  const accepted = step.tokens.filter((t) => t.kind === "accepted").length;
+  $("detail-explain").textContent = step.drafted.length ? `${accepted} of the drafted tokens were accepted` +
+    ` (draft ${fmt(step.draft_ms, 2)} ms, verify ${fmt(step.verify_ms, 2)} ms; plain decoding of these ${emitted} ` +
+    `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` : "";
+  drawTree(step);
+  drawTable(step);
+  drawCaches(step);
+  const s = run.summary;
+  $("status").textContent = `showing ${state.shown} of ${run.steps.length} steps; the whole run: ${s.new_tokens} tokens ` +
+    `in ${s.steps} target forwards, mean accepted length ${fmt(s.mean_accepted_length, 2)}`;
+}
+
+function runKey() { return JSON.stringify(settings()); }
+
+async function fetchRun() {
+  const data = await api("/api/run", settings());
+  state.run = data;
+  state.runKey = runKey();
+  drawTimeline();
+}
+
+function doRun() {
+  return busy("running…", async () => {
+    await fetchRun();
+    state.shown = state.run.steps.length;
+    state.selected = state.shown;
+    drawStepView();
+  });
+}
+
+function doStep() {
+  return busy("stepping…", async () => {
+    if (!state.run || state.runKey !== runKey()) {
+      await fetchRun();
+      state.shown = 0;
+    }
+    if (state.shown < state.run.steps.length) state.shown += 1;
+    state.selected = state.shown;
+    drawStepView();
+  });
+}
+
+function doReset() {
+  state.run = null; state.runKey = null; state.shown = 0; state.selected = 0;
+  drawStepView();
+  drawTimeline();
+  showError(null);
+}
+
+// --- the timeline --------------------------------------------------------------------------------
+
+function drawTimeline() {
+  const summary = $("timeline-summary");
+  const box = $("timeline");
+  summary.textContent = "";
+  box.textContent = "";
+  const run = state.run;
+  if (!run) { box.appendChild(el("p", "Run or step first.", "muted")); return; }
+  const s = run.summary;
+  const facts = [
+    ["drafter", `${run.drafter}${run.tree ? " (trees)" : ""}, k = ${run.request.k}`],
+    ["tokens", `${s.new_tokens}`],
+    ["target forwards", `${s.steps} (plain decoding: ${s.plain_forwards}; ${s.forwards_saved} saved)`],
+    ["mean accepted length", fmt(s.mean_accepted_length, 2)],
+    ["draft tax", `${fmt(100 * s.draft_tax, 1)}% of the speculative time (${fmt(s.draft_ms, 1)} ms drafting)`],
+    ["speculative", `${fmt(s.draft_ms + s.verify_ms, 1)} ms (draft ${fmt(s.draft_ms, 1)} + verify ${fmt(s.verify_ms, 1)})`],
+    ["plain decoding", `${fmt(s.plain_ms, 1)} ms`],
+    ["speedup", `${fmt(s.speedup, 2)}\u00d7`],
+  ];
+  for (const [key, value] of facts) {
+    summary.appendChild(el("dt", key));
+    const dd = el("dd", value);
+    dd.dataset.fact = key;
+    summary.appendChild(dd);
+  }
+  const widest = Math.max(1e-9, ...run.steps.map((st) => Math.max(st.draft_ms + st.verify_ms, st.plain_ms)));
+  run.steps.forEach((st, i) => {
+    const row = el("div", null, "tl-row");
+    row.dataset.step = String(i + 1);
+    row.appendChild(el("span", `step ${i + 1}`, "label"));
+    const bars = el("div", null, "tl-bars");
+    const spec = el("div");
+    for (const [ms, kind] of [[st.draft_ms, "draft"], [st.verify_ms, "verify"]]) {
+      const bar = el("span", null, `tl-bar ${kind}`);
+      bar.style.width = `${(100 * ms) / widest}%`;
+      bar.title = `${kind} ${fmt(ms, 2)} ms`;
+      spec.appendChild(bar);
+    }
+    const plain = el("div");
+    const bar = el("span", null, "tl-bar plain");
+    bar.style.width = `${(100 * st.plain_ms) / widest}%`;
+    bar.title = `plain decoding of the ${st.emitted.length} tokens: ${fmt(st.plain_ms, 2)} ms`;
+    plain.appendChild(bar);
+    bars.appendChild(spec);
+    bars.appendChild(plain);
+    row.appendChild(bars);
+    row.appendChild(el("span", `${fmt(st.draft_ms + st.verify_ms, 2)} vs ${fmt(st.plain_ms, 2)} ms, ${st.emitted.length} tok`, "ms"));
+    box.appendChild(row);
+  });
+}
+
+// --- the probe -----------------------------------------------------------------------------------
+
+function doProbe() {
+  return busy("probing…", async () => {
+    const data = await api("/api/probe", { prefix: $("probe-prefix").value, continuation: $("probe-continuation").value,
+                                           top: Number($("probe-top").value) });
+    const body = $("probe-table").querySelector("tbody");
+    body.textContent = "";
+    const kinds = { accepted: "accepted", rejected: "rejected", "not reached": "untried" };
+    data.positions.forEach((p, i) => {
+      const tr = el("tr");
+      tr.dataset.verdict = p.verdict;
+      tr.dataset.token = String(p.token);
+      tr.appendChild(el("td", String(i), "num"));
+      const cell = el("td");
+      cell.appendChild(chip(p.text, kinds[p.verdict]));
+      tr.appendChild(cell);
+      tr.appendChild(el("td", fmt(p.probability), "num"));
+      tr.appendChild(el("td", String(p.rank), "num"));
+      const verdict = el("td", p.verdict === "rejected" ? "rejected \u2192 " : p.verdict);
+      if (p.verdict === "rejected") verdict.appendChild(chip(data.correction_text, "correction"));
+      tr.appendChild(verdict);
+      const tops = el("td");
+      for (const t of p.top) { tops.appendChild(chip(t.text, "plain")); tops.appendChild(el("span", ` ${fmt(t.probability, 2)} `)); }
+      tr.appendChild(tops);
+      body.appendChild(tr);
+    });
+    $("probe-table").hidden = false;
+    const summary = $("probe-summary");
+    summary.textContent = data.bonus ? `All ${data.positions.length} accepted; the bonus token would be `
+      : `${data.num_accepted} accepted, then the correction `;
+    summary.appendChild(chip(data.correction_text, data.bonus ? "bonus" : "correction"));
+    summary.dataset.accepted = String(data.num_accepted);
+    summary.dataset.correction = String(data.correction);
+    $("status").textContent = "probed in one target forward";
+  });
+}
+
+// --- compare -------------------------------------------------------------------------------------
+
+function doCompare() {
+  return busy("comparing every drafter…", async () => {
+    const s = settings();
+    const limit = state.info.limits.max_compare_tokens;
+    const data = await api("/api/compare", { prompt: s.prompt, k: s.k, shape: s.shape, temperature: s.temperature,
+                                             top_p: s.top_p, max_new_tokens: Math.min(s.max_new_tokens, limit),
+                                             seed: s.seed });
+    const body = $("compare-table").querySelector("tbody");
+    body.textContent = "";
+    for (const r of data.rows) {
+      const tr = el("tr");
+      tr.dataset.drafter = r.drafter;
+      if (r.error) {
+        tr.dataset.error = r.error;
+        tr.appendChild(el("td", r.drafter));
+        tr.appendChild(el("td", r.shape || "—"));
+        const cell = el("td", r.error, "bad");
+        cell.colSpan = 6;
+        tr.appendChild(cell);
+        body.appendChild(tr);
+        continue;
+      }
+      tr.dataset.tokens = r.tokens.join(",");
+      tr.dataset.mean = String(r.mean_accepted_length);
+      tr.dataset.steps = String(r.steps);
+      tr.appendChild(el("td", r.drafter));
+      tr.appendChild(el("td", r.shape));
+      const same = r.same_as_plain === null ? "sampled" : (r.same_as_plain ? "yes" : "NO");
+      tr.appendChild(el("td", same, r.same_as_plain === false ? "bad" : (r.same_as_plain ? "ok" : "")));
+      tr.appendChild(el("td", fmt(r.mean_accepted_length, 2), "num"));
+      tr.appendChild(el("td", String(r.steps), "num"));
+      tr.appendChild(el("td", fmt(r.decode_ms, 1), "num"));
+      tr.appendChild(el("td", `${fmt(r.speedup, 2)}\u00d7`, "num"));
+      tr.appendChild(el("td", r.text, "text-cell"));
+      body.appendChild(tr);
+    }
+    $("compare-table").hidden = false;
+    $("status").textContent = `compared ${data.rows.length} rows` + (data.greedy ? " at temperature 0" : "");
+  });
+}
+
+// --- wiring --------------------------------------------------------------------------------------
+
+function showView(name) {
+  document.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t.dataset.view === name));
+  document.querySelectorAll(".view").forEach((v) => { v.hidden = v.id !== `view-${name}`; });
+  $("controls").hidden = name === "probe";
+  document.body.dataset.view = name;
+}
+
+document.querySelectorAll(".tab").forEach((t) => t.addEventListener("click", () => showView(t.dataset.view)));
+for (const id of ["k", "temperature", "top-p", "drafter"]) $(id).addEventListener("input", syncOutputs);
+$("run").addEventListener("click", doRun);
+$("step").addEventListener("click", doStep);
+$("reset").addEventListener("click", doReset);
+$("probe-run").addEventListener("click", doProbe);
+$("compare-run").addEventListener("click", doCompare);
+showView("step");
+drawTimeline();
+loadInfo().catch(showError);
