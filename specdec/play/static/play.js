@@ -233,7 +233,11 @@ function drawTree(step) {
 function drawTable(step) {
   const body = $("step-table").querySelector("tbody");
   body.textContent = "";
+  const parentOf = (t) => (t.node === null ? null : step.drafted[t.node].parent);
   step.tokens.forEach((t, i) => {
+    const previous = i > 0 ? step.tokens[i - 1] : null;
+    const afterSibling = step.tree && previous && previous.kind === "rejected" && t.node !== null &&
+      parentOf(previous) === parentOf(t);
     const tr = el("tr");
     tr.dataset.kind = t.kind;
     tr.dataset.token = String(t.token);
@@ -250,6 +254,7 @@ function drawTable(step) {
     if (t.kind === "accepted" || t.kind === "rejected") {
       verdict = t.uniform === null ? `${t.kind} (greedy: ${t.kind === "accepted" ? "is" : "is not"} the target's argmax)`
         : `${t.kind}: u ${t.kind === "accepted" ? "<" : "\u2265"} min(1, p/q)`;
+      if (afterSibling && t.uniform !== null) verdict += " (on the residual the rejected sibling left, not on p)";
     } else if (t.kind === "correction") {
       verdict = "correction, drawn from norm(max(0, p \u2212 q))";
     } else {
