@@ -95,7 +95,8 @@ class Block:
     shown: Any  # the logits the trace reads: [n + 1, V] for a chain, the TreeLogits of a tree
     seconds: float
     extra_logits: torch.Tensor | None = None  # [m, V] the logits of the draft's extra rows
-    verified_length: int = 0  # the target's cache after the verify forward (before the rollback)
+    lengths: tuple[int, int] = (0, 0)  # the target's cache before the verify forward, and with its rows
+    # (the last committed id, the draft and its extra rows; the padding of a fixed shape not counted)
 
 
 def decode(run: Run) -> Generation:
@@ -173,6 +174,7 @@ def verify(run: Run, proposal: Proposal) -> Block:
     """One target forward over the last committed id and the draft, and the verdict on it."""
     tick = time.perf_counter()
     n = proposal.draft.tokens.shape[0]
+    before = run.lm.cache_length
     shown: Any
     # scratch beyond the committed length; clamped so that a broken draft never indexes past the
     # embedding (its fault is read back with the verdict, and nothing of it is committed)
@@ -197,8 +199,9 @@ def verify(run: Run, proposal: Proposal) -> Block:
                                          run.lm.device)
     assert verdict is not None
     emitted = min(verdict.num_accepted + 1, stop_at + 1, run.max_new_tokens - run.produced)
+    rows = n + 1 + (0 if proposal.draft.extra is None else proposal.draft.extra.tokens.shape[0])
     return Block(verdict, emitted, stop_at < emitted, hidden, shown, time.perf_counter() - tick, extra_logits,
-                 run.lm.cache_length)
+                 (before, before + rows))
 
 
 def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
@@ -267,7 +270,7 @@ def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) ->
 
 def _cache_lengths(run: Run, proposal: Proposal, block: Block) -> CacheLengths:
     """The traced step's cache lengths: asked, verified (target) / drafted (drafter), committed."""
-    target = (run.length - 1 - block.emitted, block.verified_length, run.lm.cache_length)
+    target = (*block.lengths, run.lm.cache_length)
     after = _drafter_length(run)
     if after is None:
         return CacheLengths(target)

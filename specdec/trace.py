@@ -39,7 +39,8 @@ class TraceToken:
 class CacheLengths:
     """Positions held by the target's KV cache, and the drafter's (None for a drafter without a
     cache, or one that does not report its `cache_length`), at three moments of a step: when the
-    drafter is asked, after the verify forward (the target) or the propose (the drafter), and
+    drafter is asked, after the verify forward (the target: the last committed id, the draft and
+    its extra rows, not the padding of a fixed-shape forward) or the propose (the drafter), and
     after the commit has rolled both back to the committed tokens."""
 
     target: tuple[int, int, int]

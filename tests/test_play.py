@@ -36,6 +36,7 @@ def _refused(body: bytes, kind: type = RunRequest, limits: Limits = Limits()) ->
 @pytest.mark.parametrize("body, status, words", [
     (b"{not json", 400, "not JSON"),
     (b"[1, 2]", 400, "must be a JSON object"),
+    (b"[" * 60000, 400, "not JSON"),
     (b'{"k": 2}', 400, "'prompt' is missing"),
     (b'{"prompt": "x", "depth": 3}', 400, "unknown field 'depth'"),
     (b'{"prompt": "x", "k": "3"}', 400, 'k must be an integer, got "3"'),
@@ -198,7 +199,7 @@ def test_the_server_lists_every_registered_drafter_plugins_included(play_server)
     ("POST", "/api/run", {"prompt": PROMPT, "drafter": "play-raiser"}, 500,
      "drafter 'play-raiser' raised in propose: RuntimeError: this drafter always fails"),
     ("POST", "/api/run", {"prompt": PROMPT, "drafter": "play-needs-path"}, 400, "unavailable here"),
-    ("GET", "/static/../pyproject.toml", None, 404, ""),
+    ("GET", "/static/../pyproject.toml", None, 404, "page"),
     ("GET", "/static/..%2F..%2Fpyproject.toml", None, 404, "no page file"),
     ("GET", "/static/specdec/cli.py", None, 404, "no page file 'specdec/cli.py'"),
     ("GET", "/etc/passwd", None, 404, "no such page"),
@@ -213,8 +214,9 @@ def test_bad_requests_get_json_errors_and_the_server_serves_on(play_server, meth
     assert again == 200 and len(good["tokens"]) == 4
 
 
-def test_a_post_must_say_json(play_server) -> None:
-    status, answer = play_server.post("/api/probe", b'{"prefix": "a", "continuation": "b"}', "text/plain")
+@pytest.mark.parametrize("kind", ["text/plain", "text/plain; x=application/json"])
+def test_a_post_must_say_json(play_server, kind: str) -> None:
+    status, answer = play_server.post("/api/probe", b'{"prefix": "a", "continuation": "b"}', kind)
     assert status == 415 and "Content-Type: application/json" in answer["error"]
 
 

@@ -69,7 +69,7 @@ def _page_files() -> dict[str, bytes]:
 
 async def _body(request: Request, limit: int) -> bytes:
     """The request's body, refused (413) as soon as it passes `limit` bytes."""
-    if "application/json" not in request.headers.get("content-type", ""):
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
         raise BadRequest(415, f"send the request as JSON with Content-Type: application/json (got "
                               f"{request.headers.get('content-type', 'none')!r})")
     chunks, size = [], 0

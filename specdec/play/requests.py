@@ -86,7 +86,7 @@ def parse_request(body: bytes, kind: type[Request], limits: Limits) -> Request:
                               f"{limits.max_body_bytes}")
     try:
         data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise BadRequest(400, f"the request body is not JSON ({error}); send a JSON object such as "
                               '{"prompt": "def add(a, b):"}') from None
     if not isinstance(data, dict):

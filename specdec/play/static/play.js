@@ -182,7 +182,7 @@ function drawTree(step) {
   for (const t of step.tokens) if (t.node !== null) kinds.set(t.node, t.kind);
   const nodeChip = (d) => {
     const kind = kinds.get(d.node) || "untried";
-    const c = chip(d.text, kind, `node ${d.node}, token ${d.token}: ${kind === "untried" ? "not tried (an earlier sibling or branch was taken)" : kind}`);
+    const c = chip(d.text, kind, `node ${d.node}, token ${d.token}: ${kind === "untried" ? "not tried (a sibling or another branch was taken), or past the EOS or the budget" : kind}`);
     c.dataset.node = String(d.node);
     return c;
   };
