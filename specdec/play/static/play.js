@@ -148,9 +148,7 @@ function drawOutput() {
     for (const t of step.tokens) {
       if (t.kind === "rejected") continue;
       const c = chip(t.text, t.kind, `step ${i + 1}: ${tokenTitle(t)}`);
-      c.classList.remove("chip");
-      c.classList.add("chip", "inline");
-      c.textContent = t.text;
+      c.textContent = t.text;  // the text itself here, whitespace and all
       if (i + 1 === state.selected) c.classList.add("current");
       out.appendChild(c);
       emitted.push(t.token);
