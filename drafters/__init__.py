@@ -1,4 +1,7 @@
-"""Builtin drafters, registered through the same hook as third-party plugins."""
+"""The builtin drafters, one module each (with the helpers they share), registered through the
+same hook as third-party plugins; they may import `specdec.types`, `specdec.trees`,
+`specdec.sampling`, `specdec.protocols`, `specdec.hookspecs`, `specdec.checkpoints`,
+`specdec.runtime`, `specdec.distributed` and `specdec.data` (the retrieval datastore)."""
 
 from __future__ import annotations
 

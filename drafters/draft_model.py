@@ -16,8 +16,9 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
+from specdec.runtime.forward import model_forward
+from specdec.runtime.target import CausalLM
 from specdec.sampling import pick
-from specdec.target import CausalLM, model_forward
 from specdec.types import Draft, Sampling
 
 __all__ = ["DraftModelDrafter"]
@@ -31,7 +32,7 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
         return model
     if isinstance(model, (str, Path)):
         from specdec.checkpoints import load_causal_lm, resolve_checkpoint
-        from specdec.sharding import in_process_group, world_size
+        from specdec.distributed.sharding import in_process_group, world_size
 
         path = resolve_checkpoint(model, "draft-model model")
         if not (path / "config.json").is_file():

@@ -33,16 +33,16 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
-from specdec.cache import new_cache
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
-                                            topk_tree_draft)
+                                             topk_tree_draft)
 from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import tree_settings
 from specdec.drafters.weights import PICKLE, SAFETENSORS, read_weights
 from specdec.protocols import DraftContext
-from specdec.target import CausalLM
+from specdec.runtime.cache import new_cache
+from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
 __all__ = ["EagleDrafter", "EagleHead", "load_eagle", "save_eagle"]

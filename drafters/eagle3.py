@@ -22,12 +22,12 @@ from torch import nn
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
-                                            topk_tree_draft)
+                                             topk_tree_draft)
 from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_search import tree_settings
 from specdec.protocols import DraftContext
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
 __all__ = ["Eagle3Drafter", "check_fits", "layers_for"]

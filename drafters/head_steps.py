@@ -1,6 +1,6 @@
 """A drafter head's KV cache and forward as fixed-shape steps (EAGLE, MTP): the cache is static
 and sized for the generation (`ctx.engine.capacity`), and a forward given `rows` is padded to
-that many rows and runs compiled when the generation compiles (`specdec.engine.Step`); the
+that many rows and runs compiled when the generation compiles (`specdec.runtime.engine.Step`); the
 padding is rolled back after it, unseen by the real rows, which come first."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.cache import KV, set_static_length, static_obstacle
-from specdec.engine import Engine, Step, step_for
+from specdec.runtime.cache import KV, set_static_length, static_obstacle
+from specdec.runtime.engine import Step, step_for
+from specdec.types import Engine
 
 __all__ = ["HeadSteps"]
 

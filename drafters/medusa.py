@@ -36,9 +36,9 @@ from torch import nn
 
 from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.medusa_choices import (DEFAULT_MAX_RANK, PRESETS, ChoiceLayout, check_medusa_choices,
-                                            choice_layout, default_medusa_choices)
-from specdec.engine import Step
+                                             choice_layout, default_medusa_choices)
 from specdec.protocols import DraftContext
+from specdec.runtime.engine import Step
 from specdec.sampling import probabilities
 from specdec.types import Draft
 

@@ -33,15 +33,15 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from specdec.checkpoints import resolve_checkpoint
+from specdec.drafters.feature_drafts import tree_inputs
 from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
-from specdec.drafters.feature_drafts import tree_inputs
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, tree_settings
 from specdec.protocols import DraftContext
+from specdec.runtime.target import CausalLM
 from specdec.sampling import pick
-from specdec.target import CausalLM
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 

@@ -13,8 +13,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
-from specdec.cache import new_cache
 from specdec.drafters.layers import decoder_layer_classes
+from specdec.runtime.cache import new_cache
 
 __all__ = ["MtpHead", "MtpStage", "RMSNorm"]
 

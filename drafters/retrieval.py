@@ -2,7 +2,7 @@
 2023, "REST: Retrieval-Based Speculative Decoding", arXiv 2311.08252).
 
 Each step looks the last `max_match` down to `min_match` committed ids up in a suffix-array
-datastore (`specdec.datastore`; `specdec datastore build`), reads the k ids after up to
+datastore (`specdec.data.datastore`; `specdec datastore build`), reads the k ids after up to
 `occurrences` of its occurrences, and counts every continuation prefix. As in REST, the tree is
 the most frequent prefixes (`frequent_prefix_tree`): at most `nodes` of them, each parent at
 least as frequent as its children, siblings most frequent first; `tree=False` drafts the most
@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from specdec.datastore import Datastore, open_datastore
+from specdec.data.datastore import Datastore, open_datastore
 from specdec.protocols import DraftContext
 from specdec.types import Draft
 

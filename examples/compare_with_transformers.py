@@ -60,8 +60,8 @@ def zoo_models(quick: bool, cache_dir: str | None = None) -> tuple[PreTrainedMod
     """The zoo's target and draft model (built on first use), and a held-out code prompt."""
     from specdec import zoo
     from specdec.checkpoints import load_causal_lm, load_tokenizer
-    from specdec.corpus import stdlib_corpus
-    from specdec.prompts import code_prompts
+    from specdec.data.corpus import stdlib_corpus
+    from specdec.data.prompts import code_prompts
 
     directory = zoo.build(zoo.QUICK if quick else zoo.FULL, root=cache_dir)
     tokenizer = load_tokenizer(directory / "target")

@@ -39,9 +39,10 @@ import torch
 import specdec
 from specdec import plugins, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.corpus import stdlib_corpus
-from specdec.prompts import code_prompts
-from specdec.bench.runner import forget
+from specdec.data.corpus import stdlib_corpus
+from specdec.data.prompts import code_prompts
+from specdec.protocols import forget
+from specdec.training.optim import progress
 from specdec.types import Stats, total_stats
 from specdec.zoo.costs import model_steps
 
@@ -89,20 +90,28 @@ def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
 def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace
             ) -> list[Row]:
     """Plain decoding and every drafter, `args.repeats` interleaved rounds; median times. Each drafter
-    is made once (its prefill resets it), so its compiled steps replay in every round."""
+    is made once (its prefill resets it), so its compiled steps replay in every round. A bar on
+    stderr names the row being decoded (`--no-progress` hides it)."""
     options = drafter_options(directory)
     names: list[str | None] = [None, *DRAFTERS]
     drafters = {name: None if name is None else specdec.make_drafter(name.partition("+")[0], **options[name])
                 for name in names}
     compile = not args.eager
+    bar = progress(len(names) * (1 + args.repeats), "decoding", not args.no_progress)
+    bar.unit = "row"
     for name in names:  # warm-up: compiling and other one-off costs stay out of the timings
+        bar.set_description(f"warm-up{' (compiling)' if compile else ''}: {name or 'plain'}")
         decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
+        bar.update(1)
     times: dict[str | None, list[float]] = {name: [] for name in names}
     results: dict[str | None, tuple[list[list[int]], Stats]] = {}
-    for _ in range(args.repeats):
+    for round_number in range(1, args.repeats + 1):
         for name in names:
+            bar.set_description(f"round {round_number}/{args.repeats}: {name or 'plain'}")
             results[name] = decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
             times[name].append(results[name][1].wall_seconds)
+            bar.update(1)
+    bar.close()
     plain_tokens, _ = results[None]
     plain_time = statistics.median(times[None])
     rows = []
@@ -169,7 +178,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds; the median counts (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for decoding (default 1)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars while building")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (building, decoding)")
     parser.add_argument("--eager", action="store_true", help="decode eagerly (default: the compiled engine)")
     args = parser.parse_args(argv)
     for field in ("prompts", "new_tokens", "k", "repeats", "threads"):
@@ -187,17 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     target = specdec.CausalLM(load_causal_lm(directory / "target"))
     prompts = code_prompts(stdlib_corpus(), per_category=args.prompts)
     ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
+    print(losses(directory))
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
+        example = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
+        print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
+        print(f"{prompts[0].text}\033[2m{tokenizer.decode(example)}\033[0m" if sys.stdout.isatty()
+              else prompts[0].text + tokenizer.decode(example), flush=True)
         rows = compare(target, ids, directory, args)
     finally:
         torch.set_num_threads(previous)
-    print(losses(directory))
-    example = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
-    print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
-    print(f"{prompts[0].text}\033[2m{tokenizer.decode(example)}\033[0m" if sys.stdout.isatty()
-          else prompts[0].text + tokenizer.decode(example))
     print(f"\n{len(prompts)} held-out prompts ({', '.join(sorted({p.category for p in prompts}))}), greedy, "
           f"k = {args.k}, {args.new_tokens} new tokens each, {args.threads} thread(s), "
           f"{'eager' if args.eager else 'compiled'}; median of {args.repeats}:")

@@ -13,10 +13,10 @@ import sys
 import specdec
 from specdec import zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.corpus import stdlib_corpus
-from specdec.prompts import code_prompts
-from specdec.trace import Trace
-from specdec.trace_view import trace_html, trace_lines
+from specdec.data.corpus import stdlib_corpus
+from specdec.data.prompts import code_prompts
+from specdec.teaching.trace import Trace
+from specdec.teaching.trace_view import trace_html, trace_lines
 
 
 def main(argv: list[str] | None = None) -> int:

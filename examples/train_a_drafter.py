@@ -14,7 +14,7 @@ from pathlib import Path
 import specdec
 from specdec import zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.corpus import stdlib_corpus
+from specdec.data.corpus import stdlib_corpus
 from specdec.training.optim import Steps
 from specdec.training.run import KINDS, TrainSettings, train_drafter
 

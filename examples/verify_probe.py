@@ -12,8 +12,8 @@ import sys
 
 from specdec import zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.cli_verify import probe_text
-from specdec.probe import probe
+from specdec.teaching.probe import probe
+from specdec.teaching.probe_view import probe_text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,13 +5,13 @@ Importing specdec loads no plugins, models or files; the registry loads on first
 
 from __future__ import annotations
 
-from specdec.generate import generate
-from specdec.generate_batch import generate_batch
+from specdec.decoding.generate import generate
+from specdec.decoding.generate_batch import generate_batch
 from specdec.hookspecs import hookimpl
 from specdec.plugins import drafter_names, make_drafter
 from specdec.protocols import DraftContext, Drafter
+from specdec.runtime.target import CausalLM
 from specdec.sampling import probabilities
-from specdec.target import CausalLM
 from specdec.types import BatchGenerations, Draft, ExtraRows, Generation, Sampling, Stats, Verdict
 
 __version__ = "0.1.0"

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from specdec.distributed.sharding import check_tensor_parallel
+
 __all__ = ["hub_cache_dir", "hub_offline", "load_causal_lm", "load_tokenizer", "quiet_transformers",
            "resolve_checkpoint"]
 
@@ -106,15 +108,18 @@ def _checked(path: str | Path, what: str) -> Path:
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int = 1) -> PreTrainedModel:
     """The causal LM at `path` (a directory or a hub id: `resolve_checkpoint`), in eval mode;
-    `tp` > 1 shards it over that many processes (`specdec.sharding`, under torchrun)."""
+    `tp` > 1 shards it over that many processes under torchrun, after the checks of
+    `specdec.distributed.sharding.check_tensor_parallel` (which fail before any weight is read)."""
     directory = _checked(path, "model")
-    if tp != 1:
-        from specdec.sharding import load_sharded
-
-        return load_sharded(directory, tp, dtype)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
+    if tp != 1:  # every rank holds 1/tp of each projection: transformers' tensor parallelism
+        from transformers import AutoConfig
+        from transformers.distributed import DistributedConfig
+
+        check_tensor_parallel(AutoConfig.from_pretrained(directory, local_files_only=True), tp)
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp)
     with quiet_transformers():
         return AutoModelForCausalLM.from_pretrained(directory, **kwargs).eval()
 

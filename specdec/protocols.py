@@ -7,13 +7,12 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from specdec.engine import Engine
-from specdec.types import Draft, Sampling
+from specdec.types import Draft, Engine, Sampling
 
 if TYPE_CHECKING:
-    from specdec.target import CausalLM
+    from specdec.runtime.target import CausalLM
 
-__all__ = ["DraftContext", "Drafter"]
+__all__ = ["DraftContext", "Drafter", "forget"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class DraftContext:
     accepted: the indices, in the previous draft, of its nodes that were just committed, root
         side first (for a chain 0..num_accepted-1); a tree drafter reads its path here.
     engine: how this generation runs its models: whether fixed-shape steps are compiled, the
-        longest the committed sequence gets and the loop's k (`specdec.engine.Engine`), for a
+        longest the committed sequence gets and the loop's k (`specdec.types.Engine`), for a
         drafter that keeps a static cache (`engine.capacity(...)`) or compiles its own step.
     extra_logits: FloatTensor [m, V], the target's raw logits (before any sampling) at the m
         extra rows of the draft just verified (`Draft.extra`), in its order, padding left
@@ -69,11 +68,11 @@ class Drafter(Protocol):
           it shares what is read-only (weights, a datastore) or learnt across generations, and
           none of the per-generation state. Without it a batch deep-copies the drafter, sharing
           its torch modules. A drafter may instead draft a whole batch itself
-          (`propose_batch`, see `specdec.batch_drafters`).
+          (`propose_batch`, see `specdec.decoding.batch_drafters`).
       max_draft_nodes(k) -> int: the most nodes a draft of depth at most k holds. A tree drafter
           declares it so the verify forward keeps one shape: the target's cache is sized for it
           and every tree is padded to it. Without it trees hold at most
-          `specdec.engine.UNDECLARED_NODES` nodes, padded to the next power of two.
+          `specdec.types.UNDECLARED_NODES` nodes, padded to the next power of two.
       forget() -> None: a drafter that learns across generations (a suffix tree of earlier
           outputs) drops what it learned, as a fresh instance; benchmarks call it before each
           round, so no round drafts from an earlier round's answers to the same prompts.
@@ -89,7 +88,7 @@ class Drafter(Protocol):
           verdict. Targets that cannot run a tree forward drop them, with a warning.
     Optional class attribute: uses_hidden_states = True to receive ctx.hidden_states.
     Optional attribute: cache_length (an int), the positions the drafter's own KV cache holds;
-    traces record it before and after each propose and commit (`specdec.trace.CacheLengths`).
+    traces record it before and after each propose and commit (`specdec.teaching.trace.CacheLengths`).
 
     A draft with `parents` is a tree whose depth is at most k and whose size is at most
     max_draft_nodes(k) (`specdec.types.Draft`); targets that cannot run a tree forward verify
@@ -105,3 +104,11 @@ class Drafter(Protocol):
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         """Return a Draft of at most k tokens."""
         ...
+
+
+def forget(drafter: object) -> None:
+    """Call the drafter's optional `forget()` (a drafter that remembers earlier generations
+    starts the round as a fresh instance would)."""
+    method = getattr(drafter, "forget", None)
+    if callable(method):
+        method()

@@ -1,4 +1,5 @@
-"""Frozen value types shared by the loop, the verifier and the drafters."""
+"""Frozen value types shared by the loop, the verifier and the drafters, and `Engine`, how a run
+runs its models as drafters see it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Sampling", "Draft", "ExtraRows", "Verdict", "Stats", "Generation", "BatchGenerations", "total_stats"]
+__all__ = ["CAPACITY_STEP", "UNDECLARED_NODES", "BatchGenerations", "Draft", "Engine", "ExtraRows", "Generation",
+           "Sampling", "Stats", "Verdict", "static_capacity", "total_stats"]
+
+CAPACITY_STEP = 256  # static caches are sized in multiples of this, so nearby lengths share compiled graphs
 
 
 @dataclass(frozen=True)
@@ -197,3 +201,51 @@ class BatchGenerations(list[Generation]):
     def __init__(self, generations: Sequence[Generation], totals: Stats) -> None:
         super().__init__(generations)
         self.totals = totals
+
+
+UNDECLARED_NODES = 64  # the tree budget of a drafter without max_draft_nodes
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How one generate call runs its models, as drafters see it (`DraftContext.engine`).
+
+    compile: whether fixed-shape steps are compiled (`specdec.generate(..., compile=True)`).
+    max_length: the most committed tokens: the prompt plus max_new_tokens.
+    max_draft: the loop's k, the longest chain (a tree's greatest depth) a drafter may propose.
+    draft_nodes: the most nodes a draft may hold: the drafter's `max_draft_nodes(k)`, or
+        UNDECLARED_NODES for a drafter that declares none.
+    declared: whether draft_nodes was declared; a declared budget pads every tree to it (one
+        shape), an undeclared one to the next power of two (a few shapes).
+    extra_rows: the most rows a draft's `extra` holds (the drafter's `extra_rows()`, else 0);
+        a verify forward with extra rows pads them to this many, after the tree's rows.
+    """
+
+    compile: bool = False
+    max_length: int = 0
+    max_draft: int = 0
+    draft_nodes: int = 0
+    declared: bool = True
+    extra_rows: int = 0
+
+    def tree_rows(self, nodes: int) -> int:
+        """Rows of the verify forward of a tree of `nodes` nodes (the root's row included)."""
+        if self.declared:
+            return self.draft_nodes + 1
+        return min(max(8, 1 << nodes.bit_length()), self.draft_nodes + 1)
+
+    @property
+    def verify_rows(self) -> int:
+        """Rows of the widest verify forward: the last committed token, the largest draft and
+        the extra rows."""
+        return max(self.max_draft, self.draft_nodes) + 1 + self.extra_rows
+
+    def capacity(self, extra: int = 0) -> int:
+        """Positions of a static cache that holds the whole generation, the widest verify and
+        `extra` more (a drafter's own draft rows), rounded up so nearby lengths share graphs."""
+        return static_capacity(self.max_length + self.verify_rows + extra)
+
+
+def static_capacity(positions: int) -> int:
+    """The size of a static cache holding `positions`: rounded up to a multiple of CAPACITY_STEP."""
+    return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP

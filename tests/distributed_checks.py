@@ -28,7 +28,7 @@ import torch.distributed as dist
 import specdec
 from specdec import Draft, Sampling
 from specdec.checkpoints import load_causal_lm
-from specdec.ranks import CHECK_VARIABLE, RankDisagreement
+from specdec.distributed.ranks import CHECK_VARIABLE, RankDisagreement
 
 TEXTS = ["def parse(text):\n    ", "import os\nimport sys\n\n\ndef main("]
 NEW = 20
@@ -127,7 +127,7 @@ def main() -> None:
 
 def agreement_cost(target: Any, ids: list[list[int]]) -> dict[str, float]:
     """Seconds per step of the two agreements (a k = 4 chain's draft and verdict) and of a step."""
-    from specdec.target import CausalLM
+    from specdec.runtime.target import CausalLM
 
     ranks = CausalLM(target).ranks
     assert ranks is not None

@@ -27,9 +27,9 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.batch_target import BatchLM
-from specdec.datastore import build_datastore_from_ids
-from specdec.engine import compile_failures
+from specdec.data.datastore_build import build_datastore_from_ids
+from specdec.runtime.batch_target import BatchLM
+from specdec.runtime.engine import compile_failures
 
 VOCAB = 64
 NEW = 24
@@ -270,7 +270,7 @@ def test_suffix_rows_share_what_they_learn_with_the_drafter_they_came_from():
 # --- the cache with holes, the batch's shapes ---------------------------------------------
 
 def test_holes_are_compacted_exactly_when_the_columns_run_out(monkeypatch):
-    module = importlib.import_module("specdec.generate_batch")  # the module, not the function of its name
+    module = importlib.import_module("specdec.decoding.generate_batch")  # the module, not the function of its name
     monkeypatch.setattr(module, "HOLE_ROOM", 0)
     compactions = []
     original = BatchLM.compact

@@ -12,8 +12,9 @@ import torch
 from specdec.bench.batch_curve import BatchCurveConfig, curve_table, run_curve, stops_paying
 from specdec.bench.plots import write_batch_plot
 from specdec.bench.runner import Contender
-from specdec.cli import main, read_prompts
-from specdec.cli_common import CLIError
+from specdec.cli.common import CLIError
+from specdec.cli.generate import read_prompts
+from specdec.cli import main
 from tiny import tiny_model
 
 PROMPTS = [[5, 9, 14, 22, 5, 9, 14, 22], [7, 7, 7], [3, 8, 3, 8, 3, 8, 3]]

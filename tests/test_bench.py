@@ -12,12 +12,12 @@ import torch
 
 import specdec
 from specdec import cli, zoo
-from specdec.adaptive import AdaptiveDraftLength
-from specdec.bench.costs import forward_costs, ideal_speedup
 from specdec.bench.questions import load_questions, turn_prompt
-from specdec.bench.report import MEASURES, SCHEMA
+from specdec.bench.report import MEASURES, SCHEMA, ideal_speedup
 from specdec.bench.session import contenders_for, drafts_trees
 from specdec.checkpoints import load_causal_lm, load_tokenizer
+from specdec.decoding.adaptive import AdaptiveDraftLength
+from specdec.runtime.timing import forward_costs
 from specdec.types import Draft
 from specdec.verifier import DraftError
 

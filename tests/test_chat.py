@@ -15,7 +15,7 @@ import specdec
 from specdec import cli
 from specdec.bench.questions import turn_prompt
 from specdec.bench.session import BenchConfig, turn_encoder, used_prompt_format
-from specdec.chat import CHAT, RAW, chat_ids, conversation, prompt_format
+from specdec.data.chat import CHAT, RAW, chat_ids, conversation, prompt_format
 from tiny import tiny_model
 
 WORDS = "the cat sat on a mat and dog ran to park when rain had stopped what did it do then".split()

@@ -18,7 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 import specdec
 from specdec import Sampling, hookspecs, plugins
-from specdec.cli import main, parse_drafter_spec, parse_value
+from specdec.cli.common import parse_drafter_spec, parse_value
+from specdec.cli import main
 from tiny import tiny_model
 
 SENTENCES = [

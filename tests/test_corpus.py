@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.corpus import HELDOUT_FRACTION, files_corpus, split_by_file, stdlib_corpus
-from specdec.prompts import CATEGORIES, code_prompts
+from specdec.data.corpus import HELDOUT_FRACTION, files_corpus, split_by_file, stdlib_corpus
+from specdec.data.prompts import CATEGORIES, code_prompts
 
 
 @pytest.fixture(scope="module")

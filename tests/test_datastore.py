@@ -16,8 +16,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specdec.cli import main
-from specdec.datastore import (DatastoreError, build_datastore, build_datastore_from_ids, open_datastore,
-                               suffix_array, tokenizer_identity)
+from specdec.data.datastore import DatastoreError, open_datastore, tokenizer_identity
+from specdec.data.datastore_build import build_datastore, build_datastore_from_ids, suffix_array
 
 WORDS = [f"w{i}" for i in range(64)]  # the tiny models' vocabulary of 64 ids
 
@@ -49,7 +49,7 @@ def test_suffix_array_sorts_long_repeats(pattern):
 @pytest.mark.parametrize("pattern", ["period-3", "two-symbols"])
 def test_suffix_array_without_packed_keys_sorts_the_same(pattern, monkeypatch):
     # past ~3e9 tokens one int64 cannot hold (rank, next rank): the rounds sort the pair instead
-    import specdec.datastore as datastore
+    import specdec.data.datastore_build as datastore
 
     n = 900
     keys = {"period-3": [i % 3 for i in range(n)],

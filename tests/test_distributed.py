@@ -24,10 +24,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
 from specdec import Draft, ExtraRows, cli
-from specdec.agreement import _pack_draft, _pack_verdict, _unpack_draft
 from specdec.checkpoints import load_causal_lm
-from specdec.corpus import stdlib_corpus
-from specdec.sharding import check_tensor_parallel
+from specdec.data.corpus import stdlib_corpus
+from specdec.distributed.agreement import _pack_draft, _pack_verdict, _unpack_draft
+from specdec.distributed.sharding import check_tensor_parallel
 
 NEW = 20
 SCRIPT = Path(__file__).with_name("distributed_checks.py")
@@ -179,7 +179,8 @@ def test_a_draft_and_a_verdict_survive_their_packing():
 def test_explicit_masks_and_positions_leave_a_whole_model_exact(quick_zoo):
     """The forwards a pipelined model gets (a 4D causal mask and position ids on every forward)
     decode what the model's own causal forwards decode."""
-    from specdec.target import CausalLM, is_pipelined
+    from specdec.runtime.forward import is_pipelined
+    from specdec.runtime.target import CausalLM
 
     model = load_causal_lm(quick_zoo / "target")
     ids = prompts(quick_zoo)[0]

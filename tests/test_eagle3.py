@@ -22,7 +22,7 @@ from specdec import Sampling
 from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.eagle3_files import load_eagle3, save_eagle3
 from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from specdec.verifier import DraftError
 
 from test_lossless_statistical import MODEL, TRUNCATED, VOCAB, chi_square_p_value, exact_distribution, sample_counts

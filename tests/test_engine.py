@@ -17,11 +17,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 import specdec
 from specdec import CausalLM, Draft, DraftContext, Sampling
-from specdec.adaptive import AdaptiveDraftLength
-from specdec.cache import KV, static_capacity
+from specdec.decoding.adaptive import AdaptiveDraftLength
 from specdec.drafters import DraftModelDrafter, NgramDrafter
-from specdec.engine import compile_failures
-from specdec.trace import Trace
+from specdec.runtime.cache import KV
+from specdec.runtime.engine import compile_failures
+from specdec.teaching.trace import Trace
+from specdec.types import static_capacity
 from specdec.verifier import DraftError
 
 from drafters_for_tests import RandomTreeDrafter
@@ -60,7 +61,7 @@ def test_a_static_cache_is_sized_once_in_steps_of_its_capacity_unit() -> None:
 def test_the_static_cache_size_follows_from_the_config() -> None:
     from transformers import LlamaConfig
 
-    from specdec.cache import static_cache_bytes
+    from specdec.runtime.cache import static_cache_bytes
 
     lm = CausalLM(_model("qwen3"))
     lm.reset(256)
@@ -298,7 +299,7 @@ def test_the_near_tie_rule_fails_a_mismatch_that_is_no_tie() -> None:
 
 
 def test_the_verifier_works_in_float32_for_a_bfloat16_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdec.loop as loop
+    import specdec.decoding.loop as loop
 
     seen: list[tuple[torch.dtype, torch.dtype | None]] = []
     verdict = loop.chain_verdict
@@ -433,7 +434,8 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, m
     compiled or not: every draft of the loop's k tokens after the first (which follows the
     prefill, with nothing to catch up on) is one drafter call, and the tokens are plain greedy
     decoding's."""
-    from specdec import engine, zoo
+    from specdec import zoo
+    from specdec.runtime import engine
     from specdec.checkpoints import load_causal_lm
 
     model = load_causal_lm(quick_zoo / "target")
@@ -515,7 +517,7 @@ def test_draws_invert_the_cdf_exactly_over_a_large_vocabulary() -> None:
 def test_a_step_is_kept_per_function_and_per_structure_of_the_modules_it_takes() -> None:
     from torch import nn
 
-    from specdec.engine import step_for
+    from specdec.runtime.engine import step_for
 
     owner = nn.Linear(4, 4)
 

@@ -18,10 +18,10 @@ from transformers import PreTrainedModel, Qwen3NextConfig, Qwen3NextForCausalLM
 
 import specdec
 from specdec import Sampling
-from specdec.cache import uncroppable_layers
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 from specdec.protocols import DraftContext
-from specdec.target import CausalLM
+from specdec.runtime.cache import uncroppable_layers
+from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
 from drafters_for_tests import GarbageDrafter

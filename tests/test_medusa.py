@@ -18,7 +18,7 @@ import specdec
 from specdec import Draft, DraftContext, Sampling
 from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_medusa, save_medusa
 from specdec.plugins import load_registry
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as SHORT_PROMPT, TRUNCATED,
                                        chi_square_p_value, exact_distribution, sample_counts)
 from tiny import hf_greedy, tiny_model

@@ -18,8 +18,7 @@ from torch.nn.functional import cross_entropy
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedModel
 
 import specdec
-from specdec import Sampling
-from specdec import plugins
+from specdec import Sampling, plugins
 from specdec.drafters.mtp import MtpDrafter, MtpHead, load_mtp, mtp_checkpoint_keys
 
 from test_lossless_statistical import MODEL, TRUNCATED, chi_square_p_value, exact_distribution, sample_counts

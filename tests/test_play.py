@@ -1,5 +1,5 @@
 """`specdec play` without a browser: the requests' checks, the bounded queue, the playground's
-answers against `specdec.generate` and `specdec.probe`, and the real server's errors (every bad
+answers against `specdec.generate` and `specdec.teaching.probe`, and the real server's errors (every bad
 request a 4xx/5xx JSON naming what was wrong, and the server serving on after each)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.play import BadRequest, CompareRequest, Limits, Playground, ProbeRequest, RunRequest, drafter_choices
 from specdec.play.app import ModelQueue
 from specdec.play.requests import parse_request
-from specdec.probe import probe
-from specdec.trace import Trace
+from specdec.teaching.probe import probe
+from specdec.teaching.trace import Trace
 from specdec.zoo import drafter_options
 
 PROMPT = "def area(r):\n    return"

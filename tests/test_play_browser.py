@@ -1,6 +1,6 @@
 """`specdec play` in a real browser: headless Chromium from the system's packages, driven by
 Playwright through a run, a step-through, the timeline, the probe, the compare view and an error,
-with what the page shows checked against `specdec.generate` and `specdec.probe` on the same
+with what the page shows checked against `specdec.generate` and `specdec.teaching.probe` on the same
 settings. Each view is screenshotted (into $SPECDEC_SCREENSHOTS when set: docs/img does).
 
 `make test` installs Chromium when it is missing. Where it cannot be installed the test skips
@@ -17,8 +17,8 @@ import pytest
 
 import specdec
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.probe import probe
-from specdec.trace import Trace
+from specdec.teaching.probe import probe
+from specdec.teaching.trace import Trace
 from specdec.zoo import drafter_options
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",

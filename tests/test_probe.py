@@ -11,7 +11,7 @@ from tiny import ARCHITECTURES, hf_greedy, tiny_model
 
 import specdec
 from specdec import cli
-from specdec.probe import probe
+from specdec.teaching.probe import probe
 
 PREFIX = [3, 17, 9, 41, 5, 22]
 

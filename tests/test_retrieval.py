@@ -15,7 +15,8 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.datastore import DatastoreError, build_datastore, build_datastore_from_ids
+from specdec.data.datastore import DatastoreError
+from specdec.data.datastore_build import build_datastore, build_datastore_from_ids
 from specdec.drafters.retrieval import RetrievalDrafter, frequent_prefix_tree
 from specdec.trees import children, depths, path_to
 from test_datastore import WORDS, word_tokenizer

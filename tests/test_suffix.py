@@ -17,7 +17,8 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.drafters.suffix import OutputMemory, SuffixDrafter, SuffixTrie, speculate
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.suffix_trie import OutputMemory, SuffixTrie, speculate
 from specdec.trees import chain_parents, children, depths, first_path, path_to
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as SHORT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution)

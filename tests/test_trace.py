@@ -12,8 +12,8 @@ from tiny import tiny_model
 
 import specdec
 from specdec import Sampling, cli
-from specdec.trace import Trace
-from specdec.trace_view import trace_html, trace_lines
+from specdec.teaching.trace import Trace
+from specdec.teaching.trace_view import trace_html, trace_lines
 
 PROMPT = [3, 17, 9, 41, 5, 22, 3, 17, 9]
 

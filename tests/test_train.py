@@ -13,7 +13,7 @@ import torch
 import specdec
 from specdec import cli
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.corpus import stdlib_corpus
+from specdec.data.corpus import stdlib_corpus
 
 QUICK_ARGS = ["--steps", "3", "--batch-size", "2", "--seq-len", "32", "--no-progress", "--hidden", "16",
               "--layers", "1", "--attention-heads", "2", "--kv-heads", "1", "--medusa-heads", "2",

@@ -17,11 +17,11 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.cli import parse_drafter_spec
+from specdec.cli.common import parse_drafter_spec
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.medusa_choices import HEAD_DECAY, HEAD_TOP1, RANK_DECAY, check_medusa_choices, default_medusa_choices
 from specdec.drafters.ngram import NgramDrafter, NgramIndex
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from specdec.trees import children, depths
 from test_lossless_statistical import (ALPHA, MODEL, PROMPT as SHORT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution, sample_counts)

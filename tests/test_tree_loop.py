@@ -27,7 +27,7 @@ from drafters_for_tests import (ChainAsTree, GarbageDrafter, OracleTreeDrafter, 
 from specdec import Sampling, Stats
 from specdec.drafters import NgramDrafter
 from specdec.protocols import DraftContext
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from specdec.trees import depths, first_path, path_to
 from specdec.types import Draft
 from specdec.verifier import DraftError
@@ -414,7 +414,7 @@ def test_tree_continuations_match_plain_sampling(stat_target, stat_other, key: s
     pytest.param(verify_tree_siblings_against_p, "topk-tree", id="siblings-against-p"),
 ])
 def test_chi_square_detects_a_lossy_tree_verifier(stat_target, stat_other, monkeypatch, lossy, key: str) -> None:
-    loop = importlib.import_module("specdec.loop")
+    loop = importlib.import_module("specdec.decoding.loop")
     monkeypatch.setattr(loop, "verify_tree", lossy)
     counts, drafted, _, _ = sample_counts(stat_target, STAT_DRAFTERS[key](stat_target, stat_other), PLAIN, runs=RUNS)
     assert drafted > 0

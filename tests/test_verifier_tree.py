@@ -43,8 +43,7 @@ from hypothesis import strategies as st
 from specdec.sampling import probabilities
 from specdec.trees import chain_parents, children, depths, path_to
 from specdec.types import Draft, Sampling, Verdict
-from specdec.verifier import DraftError, residual_distribution, validate_draft, verify_chain, verify_tree
-from specdec.verifier import verify_tree_greedy
+from specdec.verifier import DraftError, residual_distribution, validate_draft, verify_chain, verify_tree, verify_tree_greedy
 from test_lossless_statistical import ALPHA, chi_square_p_value
 
 EXACT = 1e-9  # lossless: the extended law equals the product of p's to this

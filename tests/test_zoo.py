@@ -16,13 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specdec
 from specdec import cli, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.corpus import stdlib_corpus
+from specdec.data.corpus import stdlib_corpus
+from specdec.data.datastore import open_datastore
+from specdec.data.prompts import code_prompts
 from specdec.drafters.eagle import load_eagle
-from specdec.datastore import open_datastore
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.medusa import load_medusa
 from specdec.drafters.mtp import load_mtp
-from specdec.prompts import code_prompts
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import evaluate
 from specdec.training.draft_model import DraftModelStudent

@@ -1,5 +1,6 @@
 """The shared verifier: pure functions that turn a draft and the target's distributions into
-emitted tokens, keeping the output distribution exactly that of plain sampling.
+emitted tokens, keeping the output distribution exactly that of plain sampling; it may import
+`specdec.types` and `specdec.trees`, and never a model.
 
 Conventions (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
 Decoding"; Chen et al. 2023, "Accelerating Large Language Model Decoding with Speculative

@@ -23,10 +23,11 @@ from transformers import PreTrainedModel
 
 from specdec.bench.peers import hf_generate_batch
 from specdec.bench.report import NOISE_BOUND, over_rounds
-from specdec.bench.runner import Contender, forget
-from specdec.engine import compile_seconds
-from specdec.generate_batch import generate_batch
+from specdec.bench.runner import Contender
+from specdec.decoding.generate_batch import generate_batch
 from specdec.plugins import make_drafter
+from specdec.protocols import forget
+from specdec.runtime.engine import compile_seconds
 from specdec.types import Sampling
 
 __all__ = ["BATCH_SCHEMA", "BatchCurveConfig", "curve_table", "run_curve", "stops_paying"]

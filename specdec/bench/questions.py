@@ -4,7 +4,7 @@ Spec-Bench (Xia et al. 2024, "Unlocking Efficiency in Large Language Model Infer
 Comprehensive Survey of Speculative Decoding") stores one JSON object per line with
 `question_id`, `category` and `turns` (a list of user turns). A multi-turn question is answered
 turn after turn, each turn's prompt holding the previous turns and answers: as raw text here
-(`turn_prompt`), or as user and assistant messages through a chat template (`specdec.chat`).
+(`turn_prompt`), or as user and assistant messages through a chat template (`specdec.data.chat`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.prompts import Prompt
+from specdec.data.prompts import Prompt
 
 __all__ = ["Question", "from_prompts", "load_questions", "turn_prompt"]
 

@@ -12,12 +12,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from specdec.bench.costs import ideal_speedup
 from specdec.bench.runner import Contender, Run
 from specdec.types import Stats, total_stats
 
-__all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "noisy_contenders", "over_rounds", "quartiles",
-           "summarize", "table", "tree_sizes"]
+__all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "ideal_speedup", "noisy_contenders",
+           "over_rounds", "quartiles", "summarize", "table", "tree_sizes"]
 
 SCHEMA = "specdec-bench/3"
 MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "speedup_over_eager",
@@ -239,3 +238,9 @@ def csv_text(records: Sequence[dict[str, Any]]) -> str:
         row["acceptance_per_position"] = ";".join("" if v is None else f"{v:.4f}" for v in r["acceptance_per_position"])
         writer.writerow(row)
     return out.getvalue()
+
+
+def ideal_speedup(mean_accepted_length: float, t1: float, t_verify: float, t_draft: float) -> float:
+    """MAL * T(1) / (T(k+1) + T_draft): the speedup if nothing but forwards and drafting cost time."""
+    denominator = t_verify + t_draft
+    return mean_accepted_length * t1 / denominator if denominator > 0 else float("nan")

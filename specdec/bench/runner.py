@@ -17,16 +17,17 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specdec.adaptive import AdaptiveDraftLength
 from specdec.bench.peers import hf_generate
 from specdec.bench.questions import Question
-from specdec.engine import compile_seconds
-from specdec.generate import generate
+from specdec.decoding.adaptive import AdaptiveDraftLength
+from specdec.decoding.generate import generate
 from specdec.plugins import make_drafter
-from specdec.target import CausalLM
+from specdec.protocols import forget
+from specdec.runtime.engine import compile_seconds
+from specdec.runtime.target import CausalLM
 from specdec.types import Sampling, Stats
 
-__all__ = ["AUTO_MAX", "Contender", "Run", "forget", "repeat_rounds", "run_bench"]
+__all__ = ["AUTO_MAX", "Contender", "Run", "repeat_rounds", "run_bench"]
 
 AUTO_MAX = 12  # the longest draft `k=auto` may grow to
 
@@ -62,14 +63,6 @@ class Run:
     tokens: list[int]
     draft_lengths: tuple[int, ...] = ()  # per step, for k=auto
     compile_seconds: float = 0.0  # torch.compile time spent inside this call (graphs met for the first time)
-
-
-def forget(drafter: Any) -> None:
-    """Call the drafter's optional `forget()` (a drafter that remembers earlier generations
-    starts the round as a fresh instance would)."""
-    method = getattr(drafter, "forget", None)
-    if callable(method):
-        method()
 
 
 def _drafter(contender: Contender) -> Any:

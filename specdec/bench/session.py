@@ -12,17 +12,19 @@ from typing import Any
 
 import torch
 
-from specdec.bench.costs import forward_costs, tree_forward_costs
+from specdec import plugins
 from specdec.bench.questions import Question, from_prompts, load_questions, turn_prompt
 from specdec.bench.report import NOISE_BOUND, SCHEMA, csv_text, noisy_contenders, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
-from specdec.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prompt_format
-from specdec.sharding import agree_object, is_main_process
+from specdec.data.chat import CHAT, PROMPT_FORMATS, RAW, chat_ids, conversation, prompt_format
+from specdec.distributed.sharding import agree_object, is_main_process
+from specdec.errors import one_line
+from specdec.runtime.timing import forward_costs, tree_forward_costs
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
-__all__ = ["ENGINES", "BenchConfig", "contenders_for", "drafts_trees", "machine_info", "run_session", "turn_encoder",
-           "used_prompt_format"]
+__all__ = ["ENGINES", "BenchConfig", "contenders_for", "default_drafters", "drafts_trees", "machine_info", "run_session",
+           "turn_encoder", "used_prompt_format"]
 
 _PATH_OPTIONS = ("model", "path", "datastore", "tokenizer")  # options that name files, left out of row labels
 ENGINES = ("eager", "compiled")
@@ -70,10 +72,8 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
     """Whether the drafter drafts token trees with `options`: its class's `drafts_trees(options)`
     when it has one, else whether `options` hold every entry of its `tree_options` class
     attribute (the options the bench's NAME+tree row adds, e.g. eagle's {"tree": True})."""
-    from specdec.plugins import drafter_class
-
     try:
-        cls = drafter_class(name)
+        cls = plugins.drafter_class(name)
     except (KeyError, ValueError):
         return False
     decide = getattr(cls, "drafts_trees", None)
@@ -156,8 +156,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                 advance_factory: Callable[[int], Callable[[], None]] = lambda total: (lambda: None)
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the bench and write its files into `out`; returns (records, the JSON document)."""
-    from specdec.corpus import stdlib_corpus
-    from specdec.prompts import code_prompts
+    from specdec.data.corpus import stdlib_corpus
+    from specdec.data.prompts import code_prompts
 
     used = used_prompt_format(config, tokenizer)  # fails before any run
     questions: tuple[Question, ...] = (load_questions(config.prompts) if config.prompts is not None else
@@ -186,7 +186,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                                max_repeats=config.repeat_limit,
                                noisy=lambda so_far: agree_object(noisy_contenders(so_far, contenders,
                                                                                   config.noise_bound)))
-    from specdec.target import CausalLM
+    from specdec.runtime.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
     sizes += list(range(2, AUTO_MAX + 2)) if any(c.k == "auto" for c in contenders) else []
@@ -220,3 +220,25 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
         (out / "results.csv").write_text(csv_text(records))
     return records, document
 
+
+def default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """Every registered drafter that can serve the target (chain, then tree mode when it has one),
+    and a line for each that cannot."""
+    from specdec.zoo import drafter_options
+
+    known = drafter_options(zoo_dir) if zoo_dir is not None else {"ngram": {}}
+    chosen, skipped = [], []
+    for name in plugins.drafter_names():
+        options = known.get(name)
+        if options is None:
+            try:
+                plugins.make_drafter(name)
+                options = {}
+            except (TypeError, ValueError, OSError) as error:
+                skipped.append(f"{name} (needs options: {one_line(error)})")
+                continue
+        chosen.append((name, options))
+        tree = getattr(plugins.drafter_class(name), "tree_options", None)
+        if tree:  # the drafter's tree mode as a row of its own, beside its chain
+            chosen.append((name, {**options, **tree}))
+    return chosen, skipped

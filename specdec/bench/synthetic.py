@@ -34,13 +34,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.bench.batch_curve import BatchCurveConfig, curve_table, run_curve, stops_paying
-from specdec.bench.costs import forward_costs, tree_forward_costs
 from specdec.bench.peers import hf_generate
+from specdec.bench.report import ideal_speedup
 from specdec.bench.runner import Contender
 from specdec.bench.shapes import DRAFTERS, SETTINGS, Setting, Shape, build_target, drafter_factories
-from specdec.engine import compile_seconds
-from specdec.generate import generate
-from specdec.target import CausalLM
+from specdec.decoding.generate import generate
+from specdec.runtime.engine import compile_seconds
+from specdec.runtime.target import CausalLM
+from specdec.runtime.timing import forward_costs, tree_forward_costs
 from specdec.types import Sampling
 from specdec.versions import software_versions
 
@@ -179,8 +180,8 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                 if name != "plain":  # the ideal, from the verify's cost at this row's width
                     width = max(1, round(stats.drafted / stats.steps)) + 1
                     verify = _cost(lm, prompt, costs[engine], width, tree="+tree" in name, compile=compile)
-                    row.ideal_speedup = stats.mean_accepted_length * costs[engine]["T(1)"] / \
-                        (verify + row.draft_seconds_per_step)
+                    row.ideal_speedup = ideal_speedup(stats.mean_accepted_length, costs[engine]["T(1)"], verify,
+                                                      row.draft_seconds_per_step)
                     row.extra["verify_rows"] = width
                 rows.append(row)
                 log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
@@ -255,9 +256,8 @@ def run_setting(setting: Setting, device: torch.device, out: Path, zoo_dir: Path
 def _zoo(directory: Path, setting: Setting, device: torch.device, out: Path) -> dict[str, Any]:
     """`specdec bench` on the zoo's target: every drafter, chain and tree, on the setting's engines."""
     from specdec.bench.report import table as bench_table
-    from specdec.bench.session import BenchConfig, run_session
+    from specdec.bench.session import BenchConfig, default_drafters, run_session
     from specdec.checkpoints import load_causal_lm, load_tokenizer
-    from specdec.cli_bench import default_drafters
 
     drafters, _ = default_drafters(directory)
     config = BenchConfig(target=directory / "target", drafters=tuple(drafters), ks=(setting.k,),
@@ -270,8 +270,8 @@ def _zoo(directory: Path, setting: Setting, device: torch.device, out: Path) -> 
     if setting.batches:  # the curve with the zoo's trained drafters: plain, and each batch drafter chain and tree
         from specdec.bench.questions import from_prompts
         from specdec.bench.session import contenders_for
-        from specdec.corpus import stdlib_corpus
-        from specdec.prompts import code_prompts
+        from specdec.data.corpus import stdlib_corpus
+        from specdec.data.prompts import code_prompts
 
         names = {name.removesuffix("+tree") for name in setting.batch_drafters} | {"eagle3", "mtp"}
         chosen = tuple((name, options) for name, options in drafters if name in names)

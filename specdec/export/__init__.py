@@ -1,4 +1,5 @@
-"""Exporting specdec drafters to the checkpoint layouts serving engines load (`specdec export`).
+"""Exporting specdec drafters to the checkpoint layouts serving engines load (`specdec export`); it
+may import `specdec.checkpoints`, `specdec.staging` and `specdec.drafters` (their loaders).
 
     export("medusa", "heads/", "vllm", "out/")                  # -> Path("out")
     export("mtp", "target-with-mtp/", "sglang", "out/")        # a copy of the target, mtp.* inside
@@ -8,7 +9,7 @@ target)` puts one export's files into an empty directory, its `read(exported, en
 gives a directory specdec's own loader reads (the round-trip check). What each engine loads is
 written down in `specdec.export.layouts`; a kind joins by one module, one `EXPORTERS` entry and its
 layouts there.
-An export is written beside `out` and renamed onto it at the end (`specdec.export.staging`).
+An export is written beside `out` and renamed onto it at the end (`specdec.staging`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from specdec.export.layouts import ENGINES, LAYOUTS, UNSUPPORTED, Layout, layout_for, mismatches
-from specdec.export.staging import check_out, staged
+from specdec.staging import check_out, staged
 
 __all__ = ["ENGINES", "EXPORTERS", "LAYOUTS", "UNSUPPORTED", "Exporter", "Layout", "export", "layout_for",
            "mismatches", "read_back"]

@@ -19,7 +19,7 @@ import torch
 
 from specdec.drafters.eagle import EagleHead, load_eagle
 from specdec.export.fit import check_target_sizes
-from specdec.export.staging import write_json
+from specdec.staging import write_json
 
 __all__ = ["read", "write"]
 

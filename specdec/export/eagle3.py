@@ -22,7 +22,7 @@ import torch
 from specdec.drafters.eagle3_files import SAFETENSORS, eagle3_config, eagle3_tensors, load_eagle3
 from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, default_layers
 from specdec.export.fit import target_config
-from specdec.export.staging import write_json
+from specdec.staging import write_json
 
 __all__ = ["read", "write"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specdec.drafters.medusa import MedusaHeads, load_medusa, save_medusa
 from specdec.export.fit import check_target_sizes
-from specdec.export.staging import write_json
+from specdec.staging import write_json
 
 __all__ = ["read", "vllm_names", "write"]
 

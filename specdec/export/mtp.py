@@ -21,7 +21,7 @@ import torch
 from specdec.drafters.mtp import INDEX, SAFETENSORS, MtpHead, load_mtp, mtp_checkpoint_keys
 from specdec.export.fit import target_config
 from specdec.export.layouts import layout_for
-from specdec.export.staging import write_json
+from specdec.staging import write_json
 
 __all__ = ["MTP_FILE", "read", "split_experts", "write"]
 

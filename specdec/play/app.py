@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdec.cli_common import one_line
+from specdec.errors import one_line
 from specdec.play.playground import Playground
 from specdec.play.requests import BadRequest, CompareRequest, ProbeRequest, RunRequest, parse_request
 from specdec.verifier import DraftError

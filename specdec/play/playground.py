@@ -5,7 +5,7 @@ page's requests with plain JSON-ready dicts.
   as many tokens, so each step's draft and verify time stands beside what plain decoding spent
   on the tokens that step emitted (Leviathan et al. 2023, Fig. 1: the draft/verify timeline).
 - `compare`: the same prompt under every drafter, plain decoding first as the reference.
-- `probe`: one forward's verdict on a typed continuation (`specdec.probe`).
+- `probe`: one forward's verdict on a typed continuation (`specdec.teaching.probe`).
 
 Everything here runs on the server's single model thread (`specdec.play.app`): one request
 at a time, so timings are never shared with another request's forwards.
@@ -13,15 +13,14 @@ at a time, so timings are never shared with another request's forwards.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.cli_common import one_line
+from specdec.errors import one_line
 from specdec.play.requests import BadRequest, CompareRequest, Limits, ProbeRequest, RunRequest
 from specdec.protocols import Drafter
-from specdec.target import CausalLM
-from specdec.trace import Trace, TraceStep
+from specdec.runtime.target import CausalLM
+from specdec.teaching.trace import Trace, TraceStep
 from specdec.types import Generation, Sampling
 
 __all__ = ["DrafterChoice", "Playground", "PLAIN", "drafter_choices"]
@@ -83,7 +82,7 @@ class Playground:
 
     def warm_up(self) -> None:
         """A short plain generation, so the first request's timings hold no one-time costs."""
-        from specdec.generate import generate
+        from specdec.decoding.generate import generate
 
         generate(self.lm, self._encode(self.example, 8), max_new_tokens=8)
 
@@ -192,7 +191,7 @@ class Playground:
 
     def probe(self, request: ProbeRequest) -> dict[str, Any]:
         """One forward's greedy verdict on each continuation token, and the target's top tokens."""
-        from specdec.probe import probe
+        from specdec.teaching.probe import probe
 
         prefix = self._encode(request.prefix, 0, "prefix")
         continuation = self._encode(request.continuation, 0, "continuation")
@@ -211,7 +210,7 @@ class Playground:
 
     def _generate(self, prompt: list[int], drafter: Drafter | None, k: int, budget: int, sampling: Sampling,
                   seed: int, trace: Trace | None = None, eos: bool = True) -> Generation:
-        from specdec.generate import generate
+        from specdec.decoding.generate import generate
 
         return generate(self.lm, prompt, drafter=drafter, num_draft_tokens=k if drafter is not None else 0,
                         max_new_tokens=budget, sampling=sampling, eos_token_id=self.eos if eos else None,

@@ -69,7 +69,7 @@ class CompareRequest:
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """One forward over a prefix and a continuation (`specdec.probe`)."""
+    """One forward over a prefix and a continuation (`specdec.teaching.probe`)."""
 
     prefix: str
     continuation: str

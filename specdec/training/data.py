@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.corpus import Corpus, read_text
+from specdec.data.corpus import Corpus, read_text
 
 __all__ = ["TokenData", "WindowSampler", "budgeted_texts", "encode_corpus", "encode_texts", "evaluation_windows"]
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specdec.generate import generate
+from specdec.decoding.generate import generate
 from specdec.protocols import Drafter
-from specdec.target import CausalLM
+from specdec.runtime.target import CausalLM
 from specdec.types import Stats, total_stats
 
 __all__ = ["acceptance_estimate", "prompt_windows"]

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
-from specdec.corpus import files_corpus
+from specdec.data.corpus import files_corpus
+from specdec.distributed.sharding import agree_object, is_main_process, rank_zero_first
 from specdec.drafters.eagle import save_eagle
 from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.eagle3_head import SPECULATORS
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
-from specdec.sharding import agree_object, is_main_process, rank_zero_first
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent, DraftSize

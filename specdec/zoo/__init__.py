@@ -1,5 +1,7 @@
 """The zoo: a small model family specdec trains itself, offline, on the standard library's
-source, so every drafter can be compared on models that have learned something.
+source, so every drafter can be compared on models that have learned something; it may import
+`specdec.protocols`, `specdec.plugins`, `specdec.checkpoints`, `specdec.versions`, `specdec.data`,
+`specdec.decoding`, `specdec.drafters`, `specdec.runtime` and `specdec.training`.
 
     from specdec import zoo
     directory = zoo.build(zoo.QUICK)          # or zoo.FULL; reused once built

@@ -26,17 +26,17 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
-from specdec.corpus import Corpus, read_text, stdlib_corpus
-from specdec.datastore import build_datastore_from_ids
+from specdec.data.corpus import Corpus, read_text, stdlib_corpus
+from specdec.data.datastore_build import build_datastore_from_ids
+from specdec.data.prompts import code_prompts
 from specdec.drafters.eagle import save_eagle
 from specdec.drafters.eagle3_files import save_eagle3
 from specdec.drafters.eagle3_head import SPECULATORS
 from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
-from specdec.prompts import code_prompts
-from specdec.target import CausalLM
-from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
+from specdec.runtime.target import CausalLM
 from specdec.training.calibration import value_temperatures
+from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent

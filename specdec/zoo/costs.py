@@ -10,7 +10,7 @@ otherwise): `draft_seconds` is the drafter's propose and commit per verify step,
 of k tokens, so it includes the drafter's catch-up on the tokens just accepted and its own glue.
 
 - `target_forward_seconds`: T(1), the median of one-token forwards after a cached prefix
-  (`specdec.bench.costs.forward_costs`).
+  (`specdec.runtime.timing.forward_costs`).
 - `draft_seconds`: the median over rounds of drafting seconds per verify step.
 - `model_steps`: the drafter forwards one draft makes: k for a model drafting a chain token by
   token (draft-model, EAGLE, EAGLE-3, MTP), 1 for Medusa (all heads in one pass), 0 for a
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from specdec.bench.costs import forward_costs
-from specdec.bench.runner import forget
-from specdec.generate import generate
-from specdec.target import CausalLM
+from specdec.decoding.generate import generate
+from specdec.protocols import forget
+from specdec.runtime.target import CausalLM
+from specdec.runtime.timing import forward_costs
 
 __all__ = ["MODEL_STEPS", "draft_costs", "model_steps"]
 

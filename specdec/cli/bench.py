@@ -1,0 +1,232 @@
+"""`specdec bench`: drafters, and transformers' own decoding, side by side on one target.
+
+    specdec bench                                   # the zoo, every drafter, held-out code prompts
+    specdec bench --target DIR --drafter ngram --drafter draft-model:model=SMALL --k 2 4 8
+    specdec bench --prompts question.jsonl --k auto --temperature 0.7 --out results/
+    specdec bench --target org/name --prompts question.jsonl --prompt-format raw   # no chat template
+    specdec bench --engine both                     # every specdec row eager and compiled (default: compiled)
+    specdec bench --noise-bound 0.05 --max-repeats 12   # stricter about a busy machine's timings
+    specdec bench --batch 1 2 4 8 16 32             # tokens/s against batch size: where speculation stops paying
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from specdec.cli.common import CLIError, add_model_options, load_target
+from specdec.distributed.sharding import is_main_process, rank_zero_first
+from specdec.errors import one_line
+
+__all__ = ["add_bench_command", "parse_k"]
+
+
+def parse_k(text: str) -> int | str:
+    """A `--k` value: a positive int or "auto"."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes positive ints or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--k takes positive ints or 'auto', got {value}")
+    return value
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from specdec.bench.plots import write_plots
+    from specdec.bench.report import table
+    from specdec.bench.session import ENGINES, BenchConfig, default_drafters, run_session
+    from specdec.cli.common import parse_drafter_spec
+    from specdec.training.optim import progress
+    from specdec.types import Sampling
+
+    try:
+        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        for flag in ("max_new_tokens", "repeats"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        if args.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+        zoo_dir = None
+        if args.target is None:
+            from specdec import zoo
+
+            with rank_zero_first():  # under torchrun, one rank builds it
+                zoo_dir = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
+                                    show_progress=not args.no_progress)
+        target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
+        if args.drafter:
+            drafters = [parse_drafter_spec(spec) for spec in args.drafter]
+            for _, options in drafters:
+                if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
+                    raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
+        else:
+            drafters, skipped = default_drafters(zoo_dir)
+            for line in skipped:
+                print(f"specdec: skipping drafter {line}", file=sys.stderr)
+        engine = "compiled" if args.compile else args.engine
+        if args.batch:
+            return _batch_curve(args, target, drafters, sampling, engine)
+        config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
+                             seed=args.seed, peers=not args.no_peers,
+                             prompts=Path(args.prompts) if args.prompts else None,
+                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format)
+        tokenizer, model = load_target(target, args)
+        bars: list[Any] = []
+
+        def advance_factory(total: int) -> Any:
+            bars.append(progress(total, "bench", not args.no_progress))
+            return lambda: bars[0].update(1)
+
+        try:
+            records, document = run_session(config, Path(args.out), model, tokenizer, advance_factory)
+        finally:
+            for bar in bars:
+                bar.close()
+    except (ValueError, KeyError, OSError, TypeError) as error:
+        raise CLIError(one_line(error)) from None
+    out = Path(args.out)
+    try:
+        plots = write_plots(records, out / "plots") if is_main_process() else []
+    except ImportError:
+        plots = []
+        print("specdec: matplotlib is not installed; no plots (pip install matplotlib)", file=sys.stderr)
+    settings = document["settings"]
+    print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
+          f"{config.max_new_tokens} new tokens, "
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, median±spread (IQR / "
+          f"median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading more than "
+          f"{config.noise_bound:.0%} ({document['rounds']} rounds run), target {target}")
+    categories = sorted({r["category"] for r in records} - {"all"})
+    print(table(records))
+    if len(categories) > 1:
+        for category in categories:
+            print(f"\n{category}:")
+            print(table(records, category))
+    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}" + "".join(f", {p}" for p in plots))
+    same = [r for r in records if r["same_as_plain"] is False and r["peer"] is None]
+    if same:
+        print(f"specdec: error: {', '.join(r['contender'] for r in same)} did not reproduce plain greedy decoding",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[str, dict[str, Any]]],
+                 sampling: Any, engine: str) -> int:
+    """`specdec bench --batch B...`: every contender at every batch size (`specdec.bench.batch_curve`)."""
+    import json
+
+    from specdec.bench.batch_curve import BATCH_SCHEMA, BatchCurveConfig, curve_table, run_curve, stops_paying
+    from specdec.bench.plots import write_batch_plot
+    from specdec.bench.questions import from_prompts, load_questions
+    from specdec.bench.session import BenchConfig, contenders_for, machine_info, turn_encoder, used_prompt_format
+    from specdec.data.corpus import stdlib_corpus
+    from specdec.data.prompts import code_prompts
+    from specdec.training.optim import progress
+    from specdec.versions import software_versions
+
+    if engine == "both":
+        raise ValueError("--batch runs one engine: give --engine eager or --engine compiled")
+    if len(args.k) != 1 or not isinstance(args.k[0], int):
+        raise ValueError(f"--batch runs one draft length: give one int --k, got {' '.join(map(str, args.k))}")
+    if any("k" in options and options["k"] == "auto" for _, options in drafters):
+        raise ValueError("--batch does not run k=auto drafters")
+    contenders = tuple(c for c in contenders_for(drafters, args.k, False, (engine,)) if c.peer is None)
+    config = BatchCurveConfig(batches=tuple(args.batch), contenders=contenders, sampling=sampling,
+                              max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+                              seed=args.seed, peers=not args.no_peers, noise_bound=args.noise_bound)
+    tokenizer, model = load_target(target, args)
+    settings = BenchConfig(target=target, drafters=(), prompts=Path(args.prompts) if args.prompts else None,
+                           prompt_format=args.prompt_format)
+    used = used_prompt_format(settings, tokenizer)
+    questions = load_questions(args.prompts) if args.prompts else from_prompts(code_prompts(stdlib_corpus()))
+    encode = turn_encoder(tokenizer, used)
+    prompts = [encode(q.turns, [], 0) for q in questions]
+    rounds = (config.warmup + config.repeats) * len(config.batches) * (len(contenders) + int(config.peers))
+    bar = progress(rounds, "bench --batch", not args.no_progress)
+    try:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        records = run_curve(model, prompts, config, lambda: bar.update(1), pad_id=int(pad))
+    finally:
+        bar.close()
+    out = Path(args.out)
+    document = {"schema": BATCH_SCHEMA, "machine": machine_info(model.device), "versions": software_versions(),
+                "settings": {"target": str(target), "batches": list(config.batches), "k": args.k[0],
+                             "engine": engine, "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
+                             "warmup": config.warmup, "seed": config.seed, "noise_bound": config.noise_bound,
+                             "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                          "top_p": sampling.top_p},
+                             "prompts": None if args.prompts is None else str(args.prompts),
+                             "distinct_prompts": len(prompts), "prompt_format": used},
+                "stops_paying": stops_paying(records), "records": records}
+    written = [out / "batch.json"]
+    try:
+        if is_main_process():  # under torchrun, rank 0 writes the results
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "batch.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+            written.append(write_batch_plot(records, out / "plots"))
+    except ImportError:
+        print("specdec: matplotlib is not installed; no plot (pip install matplotlib)", file=sys.stderr)
+    print(f"{len(prompts)} distinct prompts, {config.max_new_tokens} new tokens per row, "
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, k = {args.k[0]}, {engine}, "
+          f"median over {config.repeats} rounds; speedup over plain decoding at the same batch size; "
+          f"~ marks a cell spreading more than {config.noise_bound:.0%}")
+    print(curve_table(records))
+    print("\nwrote " + ", ".join(str(path) for path in written))
+    wrong = sorted({r["contender"] for r in records if r["same_as_plain"] is False and r["peer"] is None})
+    if wrong:
+        print(f"specdec: error: {', '.join(wrong)} did not reproduce plain greedy decoding", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_bench_command(commands: Any) -> None:
+    """Register `bench` under the top-level subparsers."""
+    from specdec.bench.report import NOISE_BOUND
+    from specdec.data.chat import PROMPT_FORMATS
+
+    bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
+    bench.add_argument("--target", metavar="DIR|ORG/NAME", default=None,
+                       help="model + tokenizer: a directory or a hub id (default: the zoo)")
+    bench.add_argument("--quick", action="store_true", help="without --target: the quick zoo")
+    bench.add_argument("--cache-dir", metavar="DIR", default=None, help="zoo cache directory")
+    bench.add_argument("--drafter", action="append", metavar="NAME[:key=value,...]",
+                       help="repeatable; k=N or k=auto sets that drafter's draft length (default: every drafter "
+                            "that serves the target)")
+    bench.add_argument("--prompts", metavar="FILE", help="Spec-Bench question.jsonl (default: held-out code prompts)")
+    bench.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
+                       help="chat-template: turns as user messages, earlier answers as assistant messages, through "
+                            "the tokenizer's chat template; raw: plain text; auto (default): the template for "
+                            "--prompts when the tokenizer has one, else raw")
+    bench.add_argument("--k", type=parse_k, nargs="+", default=[4], metavar="K", help="draft lengths or auto "
+                       "(default 4)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--top-k", type=int, default=0)
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
+    bench.add_argument("--max-repeats", type=int, default=None, metavar="N",
+                       help="the most recorded rounds: rows whose timings still spread more than --noise-bound "
+                            "after --repeats rounds get more, up to N, then are flagged noisy (default 3 x --repeats)")
+    bench.add_argument("--noise-bound", type=float, default=NOISE_BOUND, metavar="SPREAD",
+                       help="a row is noisy when its tokens/s, speedup or vs eager spreads more than this: the "
+                            f"interquartile range over the rounds / the median (default {NOISE_BOUND})")
+    bench.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (default 1)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")
+    bench.add_argument("--out", default="bench-results", metavar="DIR", help="default ./bench-results")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--batch", type=int, nargs="+", default=None, metavar="B",
+                       help="batch sizes: tokens/s of plain decoding and each drafter with B prompts decoded "
+                            "together (specdec.generate_batch), the speedup at each B and where it stops paying")
+    bench.add_argument("--engine", choices=("eager", "compiled", "both"), default="compiled",
+                       help="specdec's rows compiled (the default), eager, or both side by side")
+    add_model_options(bench)
+    bench.set_defaults(run=_bench)

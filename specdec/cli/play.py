@@ -1,0 +1,142 @@
+"""`specdec play`: the interactive page on the zoo (or `--target DIR` with `--drafter` specs),
+served on 127.0.0.1 until Ctrl-C (`specdec.play`)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from specdec.cli.common import CLIError, load_target
+from specdec.errors import one_line
+
+__all__ = ["add_play_command", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); port 0 takes a free one."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise CLIError(f"--host {host!r} is not an address of this machine: {error}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        raise CLIError(f"cannot serve on {host}:{port}: {error.strerror or error}; choose another --port "
+                       "(0 takes a free one)") from None
+    sock.listen(64)
+    return sock
+
+
+def _playground(args: argparse.Namespace) -> Any:
+    from specdec.cli.common import parse_drafter_spec
+    from specdec.play.playground import Playground, drafter_choices
+    from specdec.play.requests import Limits
+
+    known: dict[str, dict[str, Any]] = {}
+    for spec in args.drafter or []:
+        name, options = parse_drafter_spec(spec)
+        known[name] = options
+    if args.target is None:
+        from specdec import zoo
+
+        directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
+        target: Path | str = directory / "target"
+        zoo_options = zoo.drafter_options(directory)
+        known = {**zoo_options, **known} if not args.drafter else {n: {**zoo_options.get(n, {}), **o}
+                                                                   for n, o in known.items()}
+        title = f"the {'quick' if args.quick else 'full'} zoo"
+    else:
+        target, title = args.target, str(args.target)
+    tokenizer, model = load_target(target, args)
+    limits = Limits(queue=args.queue)
+    playground = Playground(tokenizer, model, drafter_choices(known, only_known=bool(args.drafter)), limits, title,
+                            _example())
+    playground.warm_up()
+    return playground
+
+
+def _example() -> str:
+    """The page's first prompt: a held-out function signature, as `specdec trace` uses."""
+    from specdec.data.corpus import stdlib_corpus
+    from specdec.data.prompts import code_prompts
+
+    try:
+        return code_prompts(stdlib_corpus(), per_category=1, categories=("signature",))[0].text
+    except (FileNotFoundError, IndexError):
+        return "def area(r):\n"
+
+
+def _play(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from specdec.play.app import create_app
+    except ImportError as error:
+        raise CLIError(f"specdec play needs starlette and uvicorn ({error}); pip install 'specdec[play]'") from None
+    if args.tp != 1:
+        raise CLIError("specdec play serves one process; run it without --tp")
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port must be in [0, 65535], got {args.port}")
+    if args.queue < 0:
+        raise CLIError(f"--queue must be >= 0, got {args.queue}")
+    sock = _bind(args.host, args.port)  # before loading: a port in use is said at once
+    try:
+        try:
+            playground = _playground(args)
+        except (ValueError, TypeError, OSError, KeyError) as error:
+            raise CLIError(one_line(error)) from None
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        if not is_loopback(args.host):
+            print(f"specdec play: warning: --host {args.host} makes the page reachable from other machines, and "
+                  "it has no authentication: anyone who reaches it can run the model", file=sys.stderr)
+        names = ", ".join(c.name for c in playground.choices.values() if c.available)
+        print(f"specdec play: {playground.title}, drafters {names}", flush=True)
+        print(f"specdec play: serving http://{shown}:{port}/  (Ctrl-C stops)", flush=True)
+        server = uvicorn.Server(uvicorn.Config(create_app(playground), log_level="warning", lifespan="off"))
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn shuts down gracefully on Ctrl-C, then raises the signal again
+            pass
+    finally:
+        sock.close()
+    print("specdec play: stopped", flush=True)
+    return 0
+
+
+def add_play_command(commands: Any) -> None:
+    """Register `play` under the top-level subparsers."""
+    from specdec.cli.common import add_model_options
+
+    play = commands.add_parser("play", help="an interactive page: step through speculative decoding on the zoo")
+    play.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); the page has "
+                      "no authentication")
+    play.add_argument("--port", type=int, default=8000, help="default 8000 (0 takes a free port)")
+    play.add_argument("--target", metavar="DIR|ORG/NAME", default=None, help="default: the zoo's target")
+    play.add_argument("--drafter", action="append", metavar="NAME[:key=value,...]",
+                      help="offer this drafter (repeat for more); default: every registered drafter (the zoo's "
+                           "checkpoints with the zoo)")
+    play.add_argument("--quick", action="store_true", help="without --target: the quick zoo")
+    play.add_argument("--cache-dir", metavar="DIR", default=None)
+    play.add_argument("--queue", type=int, default=4, help="requests that may wait for the model (default 4); "
+                      "more are answered 503")
+    add_model_options(play, compile=False)
+    play.set_defaults(run=_play)

@@ -1,0 +1,131 @@
+"""A causal LM decoding a batch of rows on one static cache with holes (`specdec.generate_batch`).
+
+Rows accept ragged numbers of tokens per step. Every forward writes its R new columns at one
+shared column, `width`, for all rows of the batch; after the verdict each row keeps as its own
+the columns of its root and of the nodes it accepted, and leaves the others as holes that no
+later query attends to: a validity mask [B, C] is folded into every forward's 4D mask. Each row
+runs at its own position ids (its committed length, not the column), so a row reads the same
+keys and values at the same positions as when decoded alone, and the holes add only masked
+terms: its logits are those of batch-1 decoding. Nothing in the cache moves after a step (a
+tree's accepted path stays where it was written); when the columns run out, `compact` moves
+each row's entries to the front of its columns, in order (one gather per layer), and a row
+that finished leaves the batch with `select`.
+
+Chains and trees take one path: a chain is a chain-shaped tree (`specdec.trees.verify_layout`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from specdec.runtime.cache import KV, gather_columns, select_batch
+from specdec.runtime.engine import Step
+from specdec.runtime.forward import model_forward, prepare_for_compile
+from specdec.runtime.target import CausalLM
+
+__all__ = ["BatchLM", "grouped_attention"]
+
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers' switch for SDPA's own grouped-query attention
+
+
+@contextmanager
+def grouped_attention(device: torch.device) -> Iterator[None]:
+    """On CPU, have transformers' SDPA attention read grouped keys and values as they are
+    (`enable_gqa`) under a custom mask too. Otherwise it first copies them out to every query head
+    (`repeat_kv`): a copy of the whole static cache, every layer and step, which grows with the
+    batch and took 40% of a batch-8 step on the zoo's target. The attention computed is the same.
+    Elsewhere (CUDA) the masked grouped kernel may be slower, so nothing changes there."""
+    if device.type != "cpu" or os.environ.get(_FORCE_GQA) is not None:
+        yield
+        return
+    os.environ[_FORCE_GQA] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[_FORCE_GQA]
+
+
+class BatchLM:
+    """The target of a batch: `rows` rows, a static cache of `capacity` columns.
+
+    `forward` runs ids [B, R] at positions [B, R], row b's query r seeing row b's kept columns
+    and the new columns visible[b, r] names; `keep` marks which new columns each row keeps.
+    Forwards of a fixed shape (`fixed=True`: the decode steps) run compiled when `compile`.
+    """
+
+    def __init__(self, lm: CausalLM, rows: int, capacity: int, compile: bool = False) -> None:
+        obstacle = lm.static_obstacle
+        if obstacle is not None:
+            raise ValueError(f"{type(lm.model).__name__} cannot decode a batch: {obstacle}; decode its prompts one "
+                             "by one with specdec.generate")
+        self.lm, self.capacity, self.rows = lm, capacity, rows
+        self.kv = KV(lm.model, capacity)  # kv.length: the columns written (`width`)
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=lm.device)  # (B, C) kept columns
+        self.base = 0  # the first column of the last forward
+        if compile:
+            prepare_for_compile(lm.model)
+        self._step = Step(model_forward, f"the {type(lm.model).__name__} batched forward", compile, lm.model)
+
+    @property
+    def width(self) -> int:
+        """Columns written so far (kept or holes)."""
+        return self.kv.length
+
+    @property
+    def compiled(self) -> bool:
+        return self._step.compiled
+
+    def kept(self) -> torch.Tensor:
+        """LongTensor [B]: the columns each row keeps."""
+        return self.valid.sum(dim=1)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, hidden: tuple[int, ...] = (),
+                fixed: bool = True, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ids, positions [B, R]; visible [B, R, R] among the new rows. Returns the logits of the
+        last `keep` rows (all by default) [B, keep, V] and the hidden states of the layers `hidden`
+        names, [B, R, len(hidden) * H] (None for none)."""
+        batch, rows = ids.shape
+        if self.width + rows > self.capacity:
+            self.compact()
+        self.kv.reserve(rows)
+        width = self.capacity
+        seen = self.valid[:, None, :].expand(batch, rows, width).clone()  # (B, R, C)
+        seen[:, :, self.width : self.width + rows] = visible
+        mask = torch.zeros(seen.shape, dtype=self.lm.dtype, device=self.lm.device)
+        mask = mask.masked_fill_(~seen, torch.finfo(self.lm.dtype).min)[:, None]  # (B, 1, R, C) additive
+        if self.lm.learned_positions and self.lm.max_positions:
+            positions = positions.clamp(max=self.lm.max_positions - 1)  # padding rows may run past the table
+        self.base = self.width
+        args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
+        # a first write allocates the cache (never compiled); a prefill's shape varies
+        compiled = fixed and self.kv.initialized
+        with grouped_attention(self.lm.device):
+            logits, states = self._step(*args) if compiled else model_forward(self.lm.model, *args)
+        self.kv.advanced(rows)
+        return logits, states
+
+    def keep(self, rows: list[int], columns: list[int]) -> None:
+        """Row rows[i] keeps the new column base + columns[i] of the last forward."""
+        if rows:
+            where = torch.tensor([rows, columns], dtype=torch.long)  # (2, n)
+            where[1] += self.base
+            self.valid[where[0].to(self.valid.device), where[1].to(self.valid.device)] = True
+
+    def compact(self) -> None:
+        """Move every row's kept columns to the front of its columns, in order; the holes go."""
+        order = torch.argsort((~self.valid).to(torch.uint8), dim=1, stable=True)  # (B, C): kept columns first
+        gather_columns(self.kv.cache, order)
+        kept = self.kept()  # (B,)
+        self.valid = torch.arange(self.capacity, device=self.valid.device)[None] < kept[:, None]
+        self.kv.rollback(int(kept.max()) if kept.numel() else 0)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only the batch rows `rows`, in that order (the others finished)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
+        select_batch(self.kv.cache, index)
+        self.valid = self.valid.index_select(0, index)
+        self.rows = len(rows)

@@ -1,0 +1,338 @@
+"""KV caches of transformers models: static and dynamic caches, their length, rollback, the
+gathering of a tree's accepted path, and snapshots of recurrent state.
+
+All knowledge of transformers' cache classes lives here (transformers 5.x: `DynamicCache.crop`
+takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumulative_length`).
+
+- Static (`KV` with a capacity): every full-attention layer is preallocated for `capacity`
+  positions. A forward writes its rows at the cache's length; a rollback only sets the length:
+  nothing is copied, the stale entries beyond it are masked (by causality, or by a tree's mask)
+  and overwritten by the next forward, as in gpt-fast. Fixed shapes, so compiled graphs and CUDA
+  graphs can replay.
+- Dynamic (`KV` without one): transformers' `DynamicCache`, grown by concatenation and cropped.
+  With `activate_past_recording`, sliding-window layers and the conv states of linear-attention
+  layers keep what a crop needs, so `crop` cuts them back exactly. The recurrent state of a
+  linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: `snapshot`
+  copies it (fixed size) before a forward, and `restore` crops everything else and copies it
+  back; the caller replays the ids in between. Models with such layers, or with sliding windows,
+  always take the dynamic cache (`static_obstacle` says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import transformers
+from transformers import DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
+                                      LinearAttentionCacheLayerMixin, StaticLayer)
+
+__all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
+           "has_recurrent_state", "new_cache", "restore", "select_batch", "set_static_length", "snapshot",
+           "static_cache_bytes",
+           "static_obstacle",
+           "tree_obstacle", "uncroppable_layers"]
+
+MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
+_STATELESS_LAYER_TYPES = ("moe", "mlp")  # cache layers transformers replaces with dummies
+
+
+def check_transformers() -> None:
+    """Raise if the installed transformers predates the `cache=` forward argument."""
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    if (major, minor) < MINIMUM_TRANSFORMERS:
+        raise RuntimeError(f"specdec needs transformers >= 5.24 (forwards take `cache=`), found "
+                           f"{transformers.__version__}; pip install 'transformers>=5.24,<5.25'")
+
+
+def new_cache(model: PreTrainedModel) -> Cache:
+    """An empty dynamic cache laid out for `model` (per-layer types from its config), recording
+    the past so that attention layers and conv states crop exactly."""
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    return cache
+
+
+def uncroppable_layers(model: PreTrainedModel) -> list[str]:
+    """Kinds of layer whose state can neither be cropped nor snapshotted and restored.
+
+    Linear-attention layers (recurrent and conv state) are restorable and not listed; a model
+    needs at least one attention layer, which is what tells the cache's length.
+    """
+    config = model.config.get_text_config()
+    known = set(DYNAMIC_LAYER_TYPE_MAPPING) | set(_STATELESS_LAYER_TYPES)
+    kinds = {t for t in (getattr(config, "layer_types", None) or []) if t not in known}
+    if kinds:
+        return sorted(kinds)
+    layers = new_cache(model).layers
+    for layer in layers:
+        if not isinstance(layer, LinearAttentionCacheLayerMixin) and not layer.is_croppable:
+            kinds.add(type(layer).__name__)
+    if layers and not any(isinstance(layer, CacheLayerMixin) for layer in layers):
+        kinds.add("linear-attention-only (no attention layer to count positions)")
+    return sorted(kinds)
+
+
+def has_recurrent_state(cache: Cache) -> bool:
+    """Whether the cache has linear-attention layers, whose state a crop alone cannot roll back."""
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def cache_length(cache: Cache | None) -> int:
+    """Tokens held by the cache (0 for no cache); on a pipeline stage, those of the first layer it runs."""
+    if cache is None:
+        return 0
+    for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+            return int(cache.get_seq_length(index))
+    return int(cache.get_seq_length())
+
+
+def crop_cache(cache: Cache, length: int) -> None:
+    """Cut the attention layers and recorded conv states back to the first `length` positions.
+
+    Always crops, even to remove nothing: recording layers trim what they kept for this
+    rollback back to their window. Recurrent states are left as they are (see `restore`).
+    """
+    current = cache_length(cache)
+    if length > current or length < 0:
+        raise ValueError(f"cannot crop a cache of {current} positions to {length}")
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin) and not any(layer.is_conv_states_initialized.values()):
+            continue  # never run: nothing recorded, and its crop would fail on the missing states
+        cast(Any, layer).crop(length - current)  # transformers 5.x: negative = tokens to remove
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cache's length and, per linear-attention layer and state index, a copy of the
+    recurrent state (None where the layer had not run yet)."""
+
+    length: int
+    states: dict[tuple[int, int], torch.Tensor | None]
+
+
+def snapshot(cache: Cache) -> Snapshot:
+    """Copy the recurrent states (fixed size: [1, heads, d_k, d_v] per layer) and the length."""
+    states: dict[tuple[int, int], torch.Tensor | None] = {}
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                if not layer.has_previous_state[i]:
+                    states[index, i] = None
+                elif layer.is_recurrent_states_initialized[i]:  # conv-only layers crop exactly
+                    states[index, i] = cast(torch.Tensor, layer.recurrent_states[i]).clone()
+    return Snapshot(cache_length(cache), states)
+
+
+def restore(cache: Cache, saved: Snapshot) -> None:
+    """Put the cache back as it was when `saved` was taken, in place.
+
+    Attention layers and conv states are cropped; recurrent states are copied back, and a layer
+    that had not run yet forgets its state.
+    """
+    crop_cache(cache, saved.length)
+    for (index, i), state in saved.states.items():
+        layer = cast(Any, cache.layers[index])
+        if state is not None:
+            layer.recurrent_states[i].copy_(state)
+        elif layer.has_previous_state[i]:
+            LinearAttentionCacheLayerMixin.reset(layer)  # the linear part only; the next forward starts afresh
+
+
+_TREE_ATTENTION = ("eager", "sdpa")  # implementations that take a custom 4D additive mask
+
+
+def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
+    """Why `model` cannot verify a token tree in one forward, or None when it can.
+
+    A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
+    can be gathered: full-attention layers only, dynamic or static (no sliding window, no
+    recurrent state).
+    """
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    if attention not in _TREE_ATTENTION:
+        return (f"its attention implementation {attention!r} takes no custom 4D mask "
+                f"(load it with attn_implementation='sdpa' or 'eager')")
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            return "it has linear-attention layers, whose recurrent state cannot hold a tree's branches"
+        if type(layer) not in (DynamicLayer, StaticLayer, DummyLayer):
+            return f"its {type(layer).__name__} cache layers cannot gather a tree's accepted path"
+    return None
+
+
+def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
+    """Keep the first `base` positions, then the positions base + rows[0], base + rows[1], ...
+
+    After a tree forward appended n + 1 rows at `base`, this moves the accepted path's keys and
+    values into place (rows ascending) and drops the rest, in every (full-attention) layer.
+    """
+    current = cache_length(cache)
+    if any(not 0 <= row < current - base for row in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"cannot gather rows {rows} after position {base} from a cache of {current} positions")
+    if rows != list(range(len(rows))):
+        source = torch.tensor(rows, dtype=torch.long) + base
+        for layer in cache.layers:
+            kv = cast(Any, layer)  # full-attention layers (`tree_obstacle` keeps the others out)
+            if getattr(kv, "keys", None) is not None and kv.keys.numel():
+                index = source.to(kv.keys.device)
+                kv.keys[..., base : base + len(rows), :] = kv.keys[..., index, :]
+                kv.values[..., base : base + len(rows), :] = kv.values[..., index, :]
+    crop_cache(cache, base + len(rows))
+
+
+def set_static_length(cache: Cache, length: torch.Tensor) -> None:
+    """Set a static cache's length to `length` (a 0-d integer tensor on the cache's device) in
+    place: a rollback that a compiled step can run inside its graph, between two forwards."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            layer.cumulative_length.copy_(length)
+
+
+def gather_columns(cache: Cache, order: torch.Tensor) -> None:
+    """Reorder a batched static cache's columns in place, row by row: afterwards row b's column j
+    holds what its column order[b, j] held ([B, C] indices on the cache's device)."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            for name in ("keys", "values"):
+                stored = cast(torch.Tensor, getattr(layer, name))  # (B, heads, C, d)
+                index = order[:, None, :, None].expand(-1, stored.shape[1], -1, stored.shape[3])
+                stored.copy_(stored.gather(2, index))
+
+
+def select_batch(cache: Cache, rows: torch.Tensor) -> None:
+    """Keep the batch rows `rows` ([b] indices, in that order) of a static cache: each layer's
+    buffers are replaced by smaller ones, so a later forward runs a batch of b rows."""
+    for layer in cache.layers:
+        if isinstance(layer, StaticLayer) and layer.is_initialized:
+            layer.keys = cast(torch.Tensor, layer.keys).index_select(0, rows.to(layer.device))
+            layer.values = cast(torch.Tensor, layer.values).index_select(0, rows.to(layer.device))
+            layer.batch_size = int(rows.shape[0])
+            if layer.device.type == "cuda":  # fixed addresses for the CUDA graphs that replay on them
+                torch._dynamo.mark_static_address(layer.keys)
+                torch._dynamo.mark_static_address(layer.values)
+
+
+def static_cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values a static cache of `capacity` positions holds for a model with
+    `config`: full-attention layers x 2 x KV heads x head dim x capacity x the dtype's size."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    types = getattr(text, "layer_types", None) or ["full_attention"] * int(text.num_hidden_layers)
+    layers = sum(1 for kind in types if kind == "full_attention")
+    return layers * 2 * heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
+
+
+def static_obstacle(owner: Any) -> str | None:
+    """Why `owner` (a model, or a drafter head with a `.config`) cannot run on a static cache, or None.
+
+    A static cache serves full-attention layers (and stateless MoE/MLP layers) of a model whose
+    attention masks the cache's unused tail (eager or sdpa attention; flash attention reads the
+    whole buffer unless given a 2D mask) and that transformers can run on one
+    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot). Sliding windows keep
+    a ring buffer that cannot be rolled back, and linear-attention state rolls back only by
+    snapshot and replay; all these stay on the dynamic cache.
+    """
+    if isinstance(owner, PreTrainedModel) and getattr(owner, "_can_compile_fullgraph", False) is not True:
+        return f"transformers runs {type(owner).__name__} on dynamic caches only (_can_compile_fullgraph is false)"
+    attention = getattr(owner.config, "_attn_implementation", None) or "eager"
+    if attention not in _TREE_ATTENTION:
+        return (f"its attention implementation {attention!r} would read a static cache's stale tail "
+                "(load it with attn_implementation='sdpa' or 'eager')")
+    for layer in new_cache(owner).layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            return "its linear-attention layers roll back by snapshot and replay, on a dynamic cache"
+        if type(layer) is not DynamicLayer and not isinstance(layer, DummyLayer):
+            return f"its {type(layer).__name__} cache layers (sliding windows) cannot be rolled back in a static cache"
+    return None
+
+
+class KV:
+    """One model's KV cache and the number of positions it holds.
+
+    The length is kept on the host, so reading it never waits for the device. With a capacity
+    the cache is static (preallocated; rollback sets the length); without one it is dynamic.
+    `owner` is a model or a drafter head: anything whose `.config` describes its layers.
+    """
+
+    def __init__(self, owner: Any, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.cache: Cache = new_cache(owner) if capacity is None else StaticCache(config=owner.config,
+                                                                                   max_cache_len=capacity)
+        self.length = 0
+        self._layers = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]
+
+    @property
+    def static(self) -> bool:
+        return self.capacity is not None
+
+    def fits(self, capacity: int | None, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether this static cache can be reused for `capacity` positions of `dtype` on `device`."""
+        if capacity is None or self.capacity != capacity:
+            return False
+        stored = [cast(torch.Tensor, layer.keys) for layer in self._layers if layer.is_initialized]
+        return all(keys.dtype == dtype and keys.device == device for keys in stored)
+
+    @property
+    def initialized(self) -> bool:
+        """Whether a static cache's buffers exist (transformers allocates them on the first write)."""
+        return all(layer.is_initialized for layer in self._layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the keys and values."""
+        total = 0
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor):
+                    total += tensor.numel() * tensor.element_size()
+        return total
+
+    def reserve(self, rows: int) -> None:
+        """Check that a forward of `rows` rows fits after the held positions."""
+        if self.capacity is not None and self.length + rows > self.capacity:
+            raise ValueError(f"a forward of {rows} rows after {self.length} cached positions overflows the static "
+                             f"cache of {self.capacity} positions; size it for the whole generation")
+
+    def advanced(self, rows: int) -> None:
+        """Record that a forward appended `rows` positions."""
+        self.length += rows
+
+    def mask_width(self, rows: int) -> int:
+        """Columns of the 4D mask of a forward of `rows` rows: the capacity, or the cached positions plus rows."""
+        return self.capacity if self.capacity is not None else self.length + rows
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions (a recurrent state is the caller's business: `restore`)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
+        if self.capacity is None:
+            crop_cache(self.cache, length)
+        else:
+            for layer in self._layers:
+                layer.cumulative_length.fill_(length)
+        self.length = length
+
+    def gather(self, base: int, rows: list[int]) -> None:
+        """Keep positions [0, base), then base + rows[0], base + rows[1], ... (rows ascending), in place."""
+        if any(not 0 <= row < self.length - base for row in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"cannot gather rows {rows} after position {base} from a cache of {self.length} positions")
+        if self.capacity is None:
+            gather_positions(self.cache, base, rows)
+        elif rows != list(range(len(rows))):
+            index: torch.Tensor | None = None  # made once: the layers share a device (a per-layer copy cost 32 copies)
+            for layer in self._layers:
+                if layer.keys is None:  # a layer this process does not run (another pipeline stage's)
+                    continue
+                keys, values = cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
+                if index is None or index.device != keys.device:
+                    index = torch.tensor([base + row for row in rows], dtype=torch.long).to(keys.device,
+                                                                                            non_blocking=True)
+                keys[:, :, base : base + len(rows)] = keys.index_select(2, index)
+                values[:, :, base : base + len(rows)] = values.index_select(2, index)
+        self.rollback(base + len(rows))

@@ -1,0 +1,155 @@
+"""The compiled engine's switch: how one generate call runs its models, and `Step`, a model step
+compiled by `torch.compile` or run eagerly.
+
+A step is compiled whole (`fullgraph=True`) for static shapes (`dynamic=False`): one graph per
+input shape, which the fixed-shape steps keep to a few per run (the verify padded to k + 1
+rows, a tree to its node budget, a drafter's steps likewise). On CUDA the graphs are captured as
+CUDA graphs (`mode="reduce-overhead"`); their outputs are copied out, since the next replay
+overwrites them. On CPU inductor's C++ wrapper launches the kernels. Graphs are kept with the
+module they run, so a later call with the same shapes (another generate call on the same
+model, the same drafter again) reuses them.
+
+A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
+then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
+nothing ran twice), and an error the eager run raises as well is the step's own, raised as is.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Step", "compile_failures", "compile_seconds", "step_for"]
+
+RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
+_FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Callable[..., Any]]] = \
+    weakref.WeakKeyDictionary()  # owner -> its compiled steps, by (name, dtype, device)
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent in this process so far (dynamo and inductor), for
+    reporting compilation apart from decoding."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:  # a torch without the metric
+        return 0.0
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
+
+
+def compile_failures() -> dict[tuple[Any, ...], str]:
+    """The steps that could not be compiled in this process, and why (for diagnostics and tests)."""
+    return dict(_FAILED)
+
+
+def _options(device: torch.device) -> dict[str, Any]:
+    """Inductor's options for a step: CUDA graphs on CUDA; on CPU the C++ wrapper (less Python per
+    call), built apart from the kernels so the wrapper compiles at -O1 (a 32-layer target's graph
+    compiles in a third of the time and runs as fast); and no guards on module attributes (see
+    `Step`), which cost a tenth of a small step."""
+    options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    if device.type == "cuda":
+        options["triton.cudagraphs"] = True
+    else:
+        options.update({"cpp_wrapper": True, "cpp_wrapper_build_separate": True})
+    return options
+
+
+class Step:
+    """`fn(owner, *args)` compiled for static shapes, or run eagerly when `enabled` is false or
+    compiling failed.
+
+    `owner` is the module the step runs (a model, a drafter head). Its compiled graphs are kept
+    with it, by `name`, `fn`, the owner's dtype and device and the structure of any other module
+    the step takes as an argument (`uses`, e.g. a target's LM head in a drafter's draft loop), so
+    every Step of that owner shares them across calls and no other module ever runs them. They
+    skip dynamo's guards on module attributes (checking those costs more than a small model's
+    step), which is sound because a graph only ever sees the modules it was compiled for. The
+    modules' weights may change in place (they are inputs); their configuration must not once
+    they have compiled.
+
+    `restore`, when given, puts back whatever state a failed compiled call may have touched
+    before the call is run eagerly (a cache's length).
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module,
+                 uses: tuple[nn.Module, ...] = (), restore: Callable[[], None] | None = None) -> None:
+        self.fn, self.name, self.owner, self.restore = fn, name, owner, restore
+        first = next(owner.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+        self.key = (name, type(owner).__name__)
+        self.cuda_graphs = enabled and device.type == "cuda"
+        self._compiled: Callable[..., Any] | None = None
+        if enabled and self.key in _FAILED:
+            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly",
+                          stacklevel=3)
+        elif enabled:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
+            steps = _COMPILED.setdefault(owner, {})
+            slot = (name, fn.__module__, fn.__qualname__, None if first is None else first.dtype, device,
+                    tuple(_structure(module) for module in uses))
+            if slot not in steps:
+                limits: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
+                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device), **limits)
+            self._compiled = steps[slot]
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls run the compiled graphs."""
+        return self._compiled is not None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            return self.fn(self.owner, *args)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            out = self._compiled(self.owner, *args)
+        except Exception as error:  # dynamo and inductor raise many kinds; an eager run tells which it was
+            if self.restore is not None:
+                self.restore()
+            out = self.fn(self.owner, *args)  # a real error in `fn` is raised here, uncompiled
+            reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
+            _FAILED[self.key] = f"{type(error).__name__}: {reason[:300]}"
+            self._compiled = None
+            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key]}); it runs eagerly",
+                          stacklevel=3)
+            return out
+        return _clone(out) if self.cuda_graphs else out
+
+
+def step_for(steps: dict[tuple[Any, ...], Step], fn: Callable[..., Any], name: str, enabled: bool, owner: nn.Module,
+             args: tuple[Any, ...], restore: Callable[[], None] | None = None) -> Step:
+    """The Step of `fn` for these arguments among `steps` (made on first use): one per function
+    and per structure of the modules among `args` (a drafter's loop takes the target's LM head)."""
+    uses = tuple(arg for arg in args if isinstance(arg, nn.Module))
+    key = (fn.__module__, fn.__qualname__, tuple(_structure(module) for module in uses))
+    if key not in steps:
+        steps[key] = Step(fn, name, enabled, owner, uses, restore)
+    return steps[key]
+
+
+def _structure(module: nn.Module) -> tuple[Any, ...]:
+    """What a graph depends on in a module passed as an argument, but its weights' values: its
+    class, its tensors' names, shapes and dtypes, and its plain attributes."""
+    tensors = tuple((name, tuple(t.shape), t.dtype) for name, t in
+                    [*module.named_parameters(), *module.named_buffers()])
+    plain = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))))
+    return type(module), tensors, plain
+
+
+def _clone(out: Any) -> Any:
+    """A copy of every tensor in `out`: the next CUDA-graph replay overwrites the outputs."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        return tuple(_clone(item) for item in out)
+    return out

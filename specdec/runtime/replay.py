@@ -1,0 +1,52 @@
+"""Rolling back a hybrid model (Qwen3-Next: GatedDeltaNet linear attention beside full attention),
+whose recurrent state is a running sum that no crop can undo.
+
+Each forward first snapshots the recurrent state (`specdec.runtime.cache.snapshot`, fixed size)
+and keeps the ids it feeds; a rollback restores the latest snapshot at or before the new length,
+then replays the ids from there to that length in one forward (none when the snapshot is exactly
+there). The adapter (`specdec.runtime.target.CausalLM`) keeps one `Replay` per hybrid model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.cache_utils import Cache
+
+from specdec.runtime.cache import KV, Snapshot, restore, snapshot
+
+__all__ = ["Replay"]
+
+
+class Replay:
+    """The snapshots taken by the forwards since the last rollback or reset, and the ids each fed."""
+
+    def __init__(self) -> None:
+        self._snapshots: list[tuple[Snapshot, torch.Tensor]] = []  # (state before a forward, ids it fed)
+
+    def record(self, cache: Cache, input_ids: torch.Tensor) -> None:
+        """Before a forward feeds input_ids [n]: keep the state and the ids (cloned: callers reuse
+        their buffers)."""
+        self._snapshots.append((snapshot(cache), input_ids.clone()))
+
+    def clear(self) -> None:
+        self._snapshots = []
+
+    def rollback(self, kv: KV, length: int, feed: Callable[[torch.Tensor], None]) -> None:
+        """Put `kv` back at `length` positions: restore a snapshot, then `feed` the ids between it
+        and `length` (one forward, appended to the cache). Only positions fed since the last
+        rollback or reset can be reached."""
+        current = kv.length
+        starts = [saved.length for saved, _ in self._snapshots]
+        if not 0 <= length <= current or not starts or length < starts[0]:
+            raise ValueError(f"cannot roll back a cache of {current} positions to {length}: a hybrid model "
+                             f"rolls back only to positions {starts[0] if starts else current}..{current} "
+                             "fed since the last rollback or reset")
+        index = max(i for i, start in enumerate(starts) if start <= length)
+        saved = self._snapshots[index][0]
+        restore(kv.cache, saved)
+        kv.length = saved.length
+        if length > saved.length:
+            fed = torch.cat([ids for _, ids in self._snapshots[index:]])  # ids from saved.length on
+            feed(fed[: length - saved.length])

@@ -1,0 +1,357 @@
+"""Adapter over a transformers causal LM: one KV cache (static where the model allows), forwards
+that keep only the logits asked for, the hidden states drafters read, token-tree and masked
+forwards, exact rollback to a prefix, and fixed-shape steps that run compiled.
+
+The same adapter serves the target and any drafter that runs a causal LM of its own. The forward
+itself is `specdec.runtime.forward.model_forward`; the cache's bookkeeping is `specdec.runtime.cache.KV`,
+and a hybrid model's rollback (recurrent state restored, then replayed) `specdec.runtime.replay`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from specdec.distributed.ranks import Ranks, model_ranks
+from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, static_obstacle, tree_obstacle, uncroppable_layers
+from specdec.runtime.engine import Step, step_for
+from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
+                                     prepare_for_compile)
+from specdec.runtime.replay import Replay
+from specdec.runtime.tree_logits import TreeLogits, head_reproduces
+from specdec.trees import additive_mask, verify_layout
+from specdec.types import ExtraRows
+
+__all__ = ["CausalLM", "TreeLogits"]
+
+class CausalLM:
+    """One causal LM and its KV cache, batch size 1.
+
+    Invariant kept by the decode loop: the cache holds every committed token but the last.
+
+    `reset(capacity, compile)` chooses the cache: static with `capacity` positions where the
+    model allows (`static_obstacle` is None), dynamic otherwise. A forward given `rows` is a
+    fixed-shape step: on a static cache its input is padded to `rows` positions (the padding is
+    rolled back, unseen by the real rows) and, with `compile`, it runs compiled. Forwards
+    without `rows` (prefills, whose length varies) run eagerly.
+    """
+
+    def __init__(self, model: PreTrainedModel, share_cache: bool = False, role: str = "") -> None:
+        """share_cache: take a static cache of the right size left by an earlier adapter of the same
+        model that shared its own (`specdec.generate` does, so repeated calls reuse one buffer and
+        the CUDA graphs captured on it); such adapters must not run at the same time.
+        role: names this adapter's compiled steps apart from other adapters of the same model
+        (a draft model that is the target itself keeps graphs, and CUDA graphs, of its own)."""
+        if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
+            raise TypeError(
+                f"expected a transformers causal LM (e.g. from AutoModelForCausalLM), got "
+                f"{type(model).__name__}"
+            )
+        check_transformers()
+        if model.training:
+            raise ValueError(f"{type(model).__name__} is in training mode (dropout would make decoding "
+                             "random); call model.eval() first")
+        unsupported = uncroppable_layers(model)
+        if unsupported:
+            raise ValueError(
+                f"{type(model).__name__} has {', '.join(unsupported)} layers whose state cannot be "
+                "rolled back to a prefix; specdec serves attention and linear-attention layers"
+            )
+        self.model = model
+        self.config = model.config.get_text_config()
+        head = head_weight(model)  # (V, H); None on a pipeline stage that holds no LM head
+        anchor = head if head is not None else next(model.parameters())
+        self.vocab_size: int = int(head.shape[0]) if head is not None else int(self.config.vocab_size)
+        self.device: torch.device = anchor.device
+        self.dtype: torch.dtype = anchor.dtype
+        positions = getattr(self.config, "max_position_embeddings", None) or getattr(
+            self.config, "n_positions", None
+        )
+        self.max_positions: int | None = int(positions) if positions else None
+        # Rotary models run past max_position_embeddings (degrading); learned tables cannot.
+        self.learned_positions: bool = not any(
+            getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
+        )
+        self.hidden_size: int = int(head.shape[1]) if head is not None else int(self.config.hidden_size)
+        self.num_layers: int = int(self.config.num_hidden_layers)  # hidden-state indices run 0..num_layers
+        self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
+        self.ranks: Ranks | None = model_ranks(model)  # the processes holding a sharded model (`specdec.distributed.ranks`)
+        # pipeline placement (a pipeline-parallel stage, or a device_map over several devices): each
+        # forward gets an explicit 4D mask and position ids, without which transformers' cached
+        # forwards of several query tokens are wrong there
+        self.pipelined: bool = is_pipelined(model)
+        self.kv: KV | None = None
+        self._share = share_cache
+        self._role = f" ({role})" if role else ""
+        self._step: Step | None = None  # the model's forward as a (compiled) fixed-shape step
+        self._compile = False  # whether the last reset asked for compiled steps
+        self._chains: dict[tuple[Any, ...], Step] = {}  # drafters' loops of forwards (`chain`)
+        self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
+        self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
+        self._replay: Replay | None = None  # a hybrid model's snapshots, for its rollback
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The input embedding (token ids -> [.., H])."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The output projection ([.., H] -> logits [.., V])."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        """The norm applied before the LM head, when the architecture has a known one."""
+        return final_norm(self.model)
+
+    @property
+    def cache(self) -> Cache:
+        """transformers' cache object (created on first use)."""
+        return self._kv.cache
+
+    @property
+    def cache_length(self) -> int:
+        """Positions held by the KV cache."""
+        return self.kv.length if self.kv is not None else 0
+
+    @property
+    def static(self) -> bool:
+        """Whether the cache is static (preallocated, rolled back by setting its length)."""
+        return self.kv is not None and self.kv.static
+
+    @property
+    def compiled(self) -> bool:
+        """Whether fixed-shape forwards run compiled."""
+        return self._step is not None and self._step.compiled
+
+    @property
+    def _kv(self) -> KV:
+        if self.kv is None:
+            self.reset()
+        assert self.kv is not None
+        return self.kv
+
+    def reset(self, capacity: int | None = None, compile: bool = False) -> None:
+        """Empty the cache; the next forward starts at position 0.
+
+        capacity: positions of a static cache (None: a dynamic cache that grows). A static
+        cache of the same size is reused, its stale entries masked. Models that cannot run on a
+        static cache (`static_obstacle`) get a dynamic one, and eager forwards.
+        """
+        wanted = capacity if self.static_obstacle is None else None
+        shared = _SHARED.get(self.model) if self._share else None
+        if shared is not None and (self.kv is None or not self.kv.fits(wanted, self.dtype, self.device)):
+            self.kv = shared
+        if self.kv is not None and self.kv.fits(wanted, self.dtype, self.device):
+            self.kv.rollback(0)
+        else:
+            self.kv = KV(self.model, wanted)
+            if self._share and self.kv.static:
+                _SHARED[self.model] = self.kv
+        compile = compile and self.kv.static
+        if self._step is None or self._compile != compile:
+            if compile:
+                prepare_for_compile(self.model)
+            self._step = Step(model_forward, f"the {type(self.model).__name__} forward{self._role}", compile,
+                              self.model, restore=self._restore)
+            self._chains = {}
+            self._compile = compile
+        self._replay = Replay() if has_recurrent_state(self.kv.cache) else None
+        self._obstacle = tree_obstacle(self.model, self.kv.cache)
+        if self.pipelined and self._obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} is placed across pipeline stages, where every forward "
+                             f"needs an explicit 4D mask, but it cannot take one: {self._obstacle}")
+
+    def forward(
+        self, input_ids: torch.Tensor, keep: int, hidden: tuple[int, ...] = (), rows: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run input_ids [n] after the cached prefix and append them to the cache.
+
+        Returns logits [keep, V] of the last `keep` positions and, if `hidden` names layers, their
+        hidden states concatenated, [n, len(hidden) * H] (`hidden_states`: index 0 is the
+        embeddings, i the residual stream entering layer i, num_layers or LAST_LAYER the post-norm
+        last layer)
+        `rows` (>= n) makes it a fixed-shape step of `rows` positions (see the class docstring).
+        """
+        n = input_ids.shape[0]
+        if not 1 <= keep <= n:
+            raise ValueError(f"keep must lie in [1, {n}] (rows of logits to return), got {keep}")
+        kv = self._kv
+        if self._replay is not None:
+            self._replay.record(kv.cache, input_ids)
+        if rows is None or not kv.static:
+            return self._run(input_ids, keep, hidden, step=rows is not None)
+        if rows < n:
+            raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
+        base = kv.length
+        padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
+        index = torch.arange(n - keep, n, device=self.device)  # the same graph whatever n
+        logits, states = self._run(padded, index, hidden, step=True)
+        kv.rollback(base + n)  # the padding is stale
+        return logits, None if states is None else states[:n]
+
+    @property
+    def tree_obstacle(self) -> str | None:
+        """Why this model cannot verify a token tree in one forward (None when it can)."""
+        self._kv  # creates the cache (and reads the obstacle) on first use
+        return self._obstacle
+
+    def mask_width(self, rows: int) -> int:
+        """Columns of a `forward_masked` mask for `rows` rows: the static capacity, or cached + rows."""
+        return self._kv.mask_width(rows)
+
+    def forward_tree(self, input_ids: torch.Tensor, parents: list[int], rows: int | None = None,
+                     hidden: tuple[int, ...] = (), extra: ExtraRows | None = None) -> TreeLogits:
+        """Run a token tree after the cached prefix: input_ids [n + 1] = the root (the last
+        committed token) then the n nodes, `parents` their parent indices (-1 = the root).
+
+        Each row sees the prefix, its ancestors and itself, at position cached + depth. `rows`
+        pads the forward to a fixed node budget (pad nodes hang off the root, unseen by the
+        others). `extra` rows (a drafter's own, `ExtraRows`) follow the tree's rows: each sees
+        the prefix, the root, itself and the extra rows its `visible` names, at position cached
+        + its offset (clamped to a learned position table), and no tree row sees them. All rows
+        are appended to the cache; `keep_path` then keeps the accepted ones.
+        The result gives each row's logits on demand, the last layer's hidden states [n + 1, H],
+        those of the layers `hidden` names (`TreeLogits.states`, as `forward` returns them) and
+        the extra rows' logits (`TreeLogits.extra`, [m, V]).
+        """
+        n = len(parents)
+        width = max(rows or 0, n + 1)
+        if width > n + 1:
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(width - n - 1)])
+        m = 0 if extra is None else extra.tokens.shape[0]
+        base = self.cache_length
+        rows_visible, offsets = verify_layout(parents, width, extra, self.device)  # (width + m, width + m), (width + m,)
+        visible = torch.zeros(width + m, self.mask_width(width + m), dtype=torch.bool, device=self.device)
+        visible[:, :base] = True
+        visible[:, base : base + width + m] = rows_visible
+        positions = offsets + base  # (width + m,)
+        if extra is not None:
+            input_ids = torch.cat([input_ids, extra.tokens])  # (width + m,)
+        if self.learned_positions and self.max_positions:
+            positions = positions.clamp(max=self.max_positions - 1)
+        if self.hidden_obstacle is not None:  # no hidden states (a pipeline stage): every row's logits
+            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m, step=self._lazy_head is not None)
+            self._lazy_head = False
+            return TreeLogits(logits.new_empty(n + 1, 0), self.lm_head, logits[: n + 1], extra=logits[-m:] if m else None)
+        # the root's and the extra rows' only, once the model is known to compute logits as
+        # lm_head(hidden states); every row the first time (to check that, eagerly) and always
+        # for models that do not
+        known = self._lazy_head is not None
+        keep: int | torch.Tensor = torch.cat([torch.zeros(1, dtype=torch.long, device=self.device),
+                                              torch.arange(width, width + m, device=self.device)]) \
+            if self._lazy_head else width + m
+        extra_layers = () if hidden == (LAST_LAYER,) else hidden  # the last layer is taken once
+        logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=(LAST_LAYER, *extra_layers),
+                                          step=known)
+        assert out is not None
+        states = out[: n + 1, : self.hidden_size]  # (n + 1, H)
+        layers = (out[: n + 1, self.hidden_size :] if extra_layers else states) if hidden else None
+        extra_logits = logits[-m:] if m else None  # (m, V)
+        if self._lazy_head is None:
+            self._lazy_head = head_reproduces(self.config, self.lm_head, states, logits[: n + 1])
+            return TreeLogits(states, self.lm_head, logits[: n + 1], states=layers, extra=extra_logits)
+        return TreeLogits(states, self.lm_head, None, logits[0], layers, extra_logits) if self._lazy_head else \
+            TreeLogits(states, self.lm_head, logits[: n + 1], states=layers, extra=extra_logits)
+
+    def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
+                       keep: int | torch.Tensor, hidden: tuple[int, ...] = (), step: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
+        where visible[r] [mask_width(m)] is True; the m rows are appended to the cache. `hidden`
+        as in `forward`.
+
+        The general form of a tree forward, for drafters that grow a tree level by level in
+        their own cache. A fixed-shape step unless `step` is false. Needs `tree_obstacle` None.
+        """
+        obstacle = self.tree_obstacle
+        if obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
+        width = self.mask_width(input_ids.shape[0])
+        if tuple(visible.shape) != (input_ids.shape[0], width):
+            raise ValueError(f"visible must be [{input_ids.shape[0]}, {width}] (rows, mask_width), got "
+                             f"{tuple(visible.shape)}")
+        mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, width)
+        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
+
+    def chain(self, fn: Callable[..., Any], rows: int, *args: Any) -> Any:
+        """`fn(model, cache, *args)`, a drafter's loop of forwards that appends `rows` positions
+        to a static cache, run as one fixed-shape step (one compiled graph when compiling)."""
+        kv = self._kv
+        if not kv.static:
+            raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
+        kv.reserve(rows)
+        if not kv.initialized:  # transformers allocates a static cache on its first write: never compiled
+            out = fn(self.model, kv.cache, *args)
+        else:
+            name = f"the {type(self.model).__name__} draft loop{self._role}"
+            out = step_for(self._chains, fn, name, self._compile, self.model, args, self._restore)(kv.cache, *args)
+        kv.advanced(rows)
+        return out
+
+    def _restore(self) -> None:
+        """Undo what a compiled forward that failed may have written: the cache's length."""
+        self._kv.rollback(self._kv.length)
+
+    def keep_path(self, base: int, rows: list[int]) -> None:
+        """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
+        self._kv.gather(base, rows)
+
+    @property
+    def hidden_obstacle(self) -> str | None:
+        """Why this model's forwards return no hidden states (None when they do)."""
+        if getattr(self.model, "_pp_stage", None) is not None:
+            return ("it is split into pipeline-parallel stages, whose forwards return logits only; shard it "
+                    "with tensor parallelism (--tp) for drafters that read the target's hidden states")
+        return None
+
+    def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
+             mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+             step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kv = self._kv
+        kv.reserve(input_ids.shape[0])
+        if mask is None and self.pipelined:
+            mask, positions = self._causal(input_ids.shape[0], positions)
+        if positions is None and step and kv.static and self.learned_positions and self.max_positions:
+            # padding rows may run past a learned position table: they sit at its last entry
+            rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
+            positions = rows.clamp(max=self.max_positions - 1)[None]  # (1, n)
+        args = (kv.cache, input_ids, keep, hidden, mask, positions)
+        run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
+        out = run(*args) if run is not None else model_forward(self.model, *args)
+        kv.advanced(input_ids.shape[0])
+        return out
+
+    def _causal(self, n: int, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The explicit causal mask [1, 1, n, mask_width(n)] and position ids [1, n] of n rows fed
+        after the cached prefix (`positions` kept when given)."""
+        base = self._kv.length
+        rows = torch.arange(n, device=self.device) + base  # (n,)
+        columns = torch.arange(self.mask_width(n), device=self.device)  # (W,)
+        visible = columns[None] <= rows[:, None]  # (n, W): the prefix, the earlier rows, itself
+        if positions is None and self.learned_positions and self.max_positions:
+            positions = rows.clamp(max=self.max_positions - 1)[None]  # padding past a learned table
+        return additive_mask(visible, self.dtype), rows[None] if positions is None else positions
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` cached positions, exactly.
+
+        Hybrid models can go back to any position since the last rollback or reset.
+        """
+        kv = self._kv
+        if self._replay is None or length == kv.length:
+            kv.rollback(length)
+        else:  # under the caller's grad mode
+            self._replay.rollback(kv, length, lambda ids: self._run(ids, keep=1, hidden=()))
+        if self._replay is not None:
+            self._replay.clear()
+
+
+_SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
