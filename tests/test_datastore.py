@@ -217,12 +217,12 @@ def test_vocabulary_sizes_are_checked_against_the_target(tmp_path):
 
 
 def test_a_failing_build_leaves_nothing_behind(tmp_path, monkeypatch):
-    from specdec.export import staging
+    from specdec.data import datastore_build
 
     def broken(path: Path, data: dict) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(staging, "write_json", broken)
+    monkeypatch.setattr(datastore_build, "write_json", broken)
     with pytest.raises(OSError, match="disk full"):
         build_datastore(["w1 w2 w3"], word_tokenizer(), tmp_path / "ds")
     assert list(tmp_path.iterdir()) == [], "a half-written datastore or staging directory remains"
