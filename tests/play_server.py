@@ -65,13 +65,20 @@ class PlayServer:
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
 
-    def get(self, path: str) -> tuple[int, Any]:
-        return _answer(urllib.request.Request(self.url + path))
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
-    def post(self, path: str, body: Any, content_type: str = "application/json") -> tuple[int, Any]:
+    def get(self, path: str, host: str | None = None) -> tuple[int, Any]:
+        """GET `path`; `host` sends that Host header instead of the URL's."""
+        return _answer(urllib.request.Request(self.url + path, headers={"Host": host} if host else {}))
+
+    def post(self, path: str, body: Any, content_type: str = "application/json",
+             host: str | None = None) -> tuple[int, Any]:
+        """POST `body` (JSON unless bytes) to `path`; `host` sends that Host header instead of the URL's."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return _answer(urllib.request.Request(self.url + path, data=data, method="POST",
-                                              headers={"Content-Type": content_type}))
+        headers = {"Content-Type": content_type, **({"Host": host} if host else {})}
+        return _answer(urllib.request.Request(self.url + path, data=data, method="POST", headers=headers))
 
     def stop(self, timeout: float = 60) -> int:
         """Ctrl-C, as a user stops it; the exit status."""
@@ -122,3 +129,29 @@ def start_play(arguments: list[str], plugin_dir: Path | None, timeout: float = 3
         if "serving http://" in line:
             server.url = line.split("serving ", 1)[1].split()[0].rstrip("/")
             return server
+
+
+def call_app(app: Any, method: str, path: str, body: Any = None, host: str = "127.0.0.1:8000") -> tuple[int, Any]:
+    """One request straight into the ASGI `app` in this process (no socket, no HTTP client):
+    the status and the answer (parsed when JSON)."""
+    import anyio
+
+    data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent: list[dict[str, Any]] = []
+    bodies = [{"type": "http.request", "body": data, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return bodies.pop() if bodies else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", host.encode()), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
+    anyio.run(app, scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    kind = dict(start["headers"]).get(b"content-type", b"").decode()
+    return start["status"], json.loads(raw) if "json" in kind else raw.decode()

@@ -1,24 +1,31 @@
 """`specdec play` without a browser: the requests' checks, the bounded queue, the playground's
-answers against `specdec.generate` and `specdec.teaching.probe`, and the real server's errors (every bad
-request a 4xx/5xx JSON naming what was wrong, and the server serving on after each)."""
+answers against `specdec.generate` and `specdec.teaching.probe`, its drafters made once and reset
+before each use, and the real server's errors (every bad request a 4xx/5xx JSON naming what was
+wrong, the server serving on after each, and a request for another host refused)."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
+import re
 import socket
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import anyio
 import pytest
-from play_server import start_play
+from play_server import call_app, start_play
 
 import specdec
 from specdec.checkpoints import load_causal_lm, load_tokenizer
+from specdec.cli.common import CLIError
+from specdec.cli.play import LOOPBACK_NAMES, allowed_hosts
 from specdec.play import BadRequest, CompareRequest, Limits, Playground, ProbeRequest, RunRequest, drafter_choices
-from specdec.play.app import ModelQueue
+from specdec.play.app import ModelQueue, create_app
 from specdec.play.requests import parse_request
 from specdec.teaching.probe import probe
 from specdec.teaching.trace import Trace
@@ -57,8 +64,9 @@ def test_bad_requests_are_refused_naming_the_value(body: bytes, status: int, wor
 
 def test_the_body_limit_and_the_other_kinds() -> None:
     assert _refused(b"{" + b" " * 70000 + b"}")[0] == 413
-    assert "max_new_tokens 200 is over this page's budget of 128" in _refused(
-        b'{"prompt": "x", "max_new_tokens": 200}', CompareRequest)[1]
+    assert "max_new_tokens 300 is over this page's budget of 256" in _refused(
+        b'{"prompt": "x", "max_new_tokens": 300}', CompareRequest)[1]
+    assert parse_request(b'{"prompt": "x", "max_new_tokens": 200}', CompareRequest, Limits()).max_new_tokens == 200
     assert "continuation is empty" in _refused(b'{"prefix": "a", "continuation": ""}', ProbeRequest)[1]
     assert "top must be in [1, 20], got 50" in _refused(b'{"prefix": "a", "continuation": "b", "top": 50}',
                                                          ProbeRequest)[1]
@@ -194,7 +202,7 @@ def test_the_server_lists_every_registered_drafter_plugins_included(play_server)
     ("POST", "/api/run", {"prompt": PROMPT, "k": 99}, 400, "k must be in [1, 16], got 99"),
     ("POST", "/api/run", {"prompt": "x" * 4500}, 413, "prompt has 4500 characters"),
     ("POST", "/api/run", {"prompt": PROMPT, "max_new_tokens": 5000}, 413, "budget of 256"),
-    ("POST", "/api/compare", {"prompt": PROMPT, "max_new_tokens": 500}, 413, "budget of 128"),
+    ("POST", "/api/compare", {"prompt": PROMPT, "max_new_tokens": 500}, 413, "budget of 256"),
     ("POST", "/api/run", b"{oops", 400, "not JSON"),
     ("POST", "/api/run", {"prompt": PROMPT, "drafter": "play-raiser"}, 500,
      "drafter 'play-raiser' raised in propose: RuntimeError: this drafter always fails"),
@@ -251,3 +259,211 @@ def test_a_port_in_use_is_refused_before_loading(quick_zoo: Path) -> None:
                                str(quick_zoo.parent)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert f"cannot serve on 127.0.0.1:{port}" in done.stderr and "choose another --port" in done.stderr
+
+
+# --- drafters made once per server ------------------------------------------------------------------
+
+
+def test_each_drafter_is_made_once_per_shape_and_reused(playground: Playground, quick_zoo: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: Counter[tuple[str, tuple]] = Counter()
+    make = specdec.plugins.make_drafter
+
+    def counted(name: str, **options):
+        made[name, tuple(sorted(options.items()))] += 1
+        return make(name, **options)
+
+    monkeypatch.setattr(specdec.plugins, "make_drafter", counted)
+    known = {n: o for n, o in drafter_options(quick_zoo).items() if n in ("ngram", "suffix", "eagle")}
+    server = Playground(playground.tokenizer, playground.lm.model, drafter_choices(known, only_known=True),
+                        example=PROMPT)
+    for shape in ("chain", "tree", "chain", "tree"):
+        server.run(RunRequest(prompt=PROMPT, drafter="ngram", shape=shape, max_new_tokens=6))
+        server.run(RunRequest(prompt=PROMPT, drafter="suffix", shape=shape, max_new_tokens=6))
+        answer = server.compare(CompareRequest(prompt=PROMPT, shape=shape, max_new_tokens=6))
+        assert all(row["error"] is None for row in answer["rows"])
+    want = Counter()
+    for name, options in known.items():
+        tree = {**options, **specdec.plugins.drafter_class(name).tree_options}
+        want[name, tuple(sorted(options.items()))] += 1
+        want[name, tuple(sorted(tree.items()))] += 1
+    assert made == want
+
+
+def test_a_reused_drafter_forgets_the_requests_before(playground: Playground) -> None:
+    """Suffix decoding remembers every output; reused without `forget` its second run of the same
+    request would draft the first one's answer."""
+    request = RunRequest(prompt=PROMPT, drafter="suffix", k=4, max_new_tokens=40)
+    first, second = playground.run(request), playground.run(request)
+    drafted = lambda answer: [[d["token"] for d in step["drafted"]] for step in answer["steps"]]  # noqa: E731
+    assert second["tokens"] == first["tokens"]
+    assert drafted(second) == drafted(first)
+    assert second["summary"]["accepted"] == first["summary"]["accepted"]
+    again = CompareRequest(prompt=PROMPT, k=3, max_new_tokens=24)
+    rows = lambda answer: [(r["drafter"], r.get("tokens"), r.get("steps"), r["error"])  # noqa: E731
+                           for r in answer["rows"]]
+    assert rows(playground.compare(again)) == rows(playground.compare(again))
+
+
+# --- errors: the request's (4xx) or the server's (500, logged) ------------------------------------------
+
+
+def test_an_error_inside_generate_is_a_logged_500_and_the_server_serves_on(
+        playground: Playground, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(playground, allowed_hosts=LOOPBACK_NAMES)
+    module = importlib.import_module("specdec.decoding.generate")
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug deep in decoding")
+
+    monkeypatch.setattr(module, "generate", broken)
+    with caplog.at_level(logging.ERROR, logger="specdec.play"):
+        status, answer = call_app(app, "POST", "/api/run", {"prompt": PROMPT, "drafter": "ngram", "max_new_tokens": 4})
+    assert status == 500 and answer["error"] == "the server failed: ValueError: a bug deep in decoding"
+    logged = [r for r in caplog.records if r.name == "specdec.play"]
+    assert len(logged) == 1 and logged[0].exc_info is not None and logged[0].exc_info[0] is ValueError
+    assert "/api/run" in logged[0].getMessage()
+    monkeypatch.undo()
+    status, answer = call_app(app, "POST", "/api/run", {"prompt": PROMPT, "drafter": "ngram", "max_new_tokens": 4})
+    assert status == 200 and len(answer["tokens"]) == 4
+
+
+def test_compare_logs_a_drafters_unexpected_error_and_shows_it_in_its_row(
+        playground: Playground, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    module = importlib.import_module("specdec.decoding.generate")
+    generate = module.generate
+
+    def only_plain(lm, prompt, drafter=None, **settings):
+        if drafter is not None:
+            raise ValueError(f"a bug under {type(drafter).__name__}")
+        return generate(lm, prompt, drafter=drafter, **settings)
+
+    monkeypatch.setattr(module, "generate", only_plain)
+    with caplog.at_level(logging.ERROR, logger="specdec.play"):
+        answer = playground.compare(CompareRequest(prompt=PROMPT, max_new_tokens=4))
+    drafters = [r for r in answer["rows"] if r["drafter"] != "plain"]
+    assert len(answer["plain_tokens"]) == 4 and drafters
+    assert all(r["error"].startswith("ValueError: a bug under ") for r in drafters)
+    logged = [r for r in caplog.records if r.name == "specdec.play"]
+    assert len(logged) == len(drafters) and all(r.exc_info and r.exc_info[0] is ValueError for r in logged)
+
+
+@pytest.mark.parametrize("settings, words", [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                                             ({"temperature": float("nan")}, "temperature"),
+                                             ({"k": 0}, "k must be in [1, 16]")])
+def test_a_bad_setting_is_a_400_before_any_decoding(playground: Playground, monkeypatch: pytest.MonkeyPatch,
+                                                     settings: dict, words: str) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("decoded with a bad setting")
+
+    monkeypatch.setattr(importlib.import_module("specdec.decoding.generate"), "generate", never)
+    for request in (RunRequest(prompt=PROMPT, **settings), CompareRequest(prompt=PROMPT, **settings)):
+        with pytest.raises(BadRequest, match=re.escape(words)) as caught:
+            getattr(playground, "run" if isinstance(request, RunRequest) else "compare")(request)
+        assert caught.value.status == 400
+    app = create_app(playground, allowed_hosts=LOOPBACK_NAMES)
+    body = json.dumps({"prompt": PROMPT, **settings}).encode()
+    status, answer = call_app(app, "POST", "/api/run", body)
+    assert status == 400 and words in answer["error"]
+
+
+# --- compare's budget ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("asked, decoded", [(4, 4), (6, 6), (9, 6)])
+def test_compare_states_the_budget_it_decoded(playground: Playground, asked: int, decoded: int) -> None:
+    limits = Limits(max_new_tokens=10, max_compare_tokens=6)
+    capped = Playground(playground.tokenizer, playground.lm.model, list(playground.choices.values()), limits,
+                        example=PROMPT)
+    app = create_app(capped, allowed_hosts=LOOPBACK_NAMES)
+    status, answer = call_app(app, "POST", "/api/compare", {"prompt": PROMPT, "k": 2, "max_new_tokens": asked})
+    assert status == 200
+    assert answer["budget"] == {"asked": asked, "decoded": decoded, "cap": 6, "capped": asked > 6}
+    assert answer["request"]["max_new_tokens"] == asked
+    assert len(answer["plain_tokens"]) == decoded
+    assert all(r["new_tokens"] == decoded for r in answer["rows"] if r["error"] is None)
+
+
+def test_compare_over_the_run_budget_is_refused(playground: Playground) -> None:
+    capped = Playground(playground.tokenizer, playground.lm.model, list(playground.choices.values()),
+                        Limits(max_new_tokens=10, max_compare_tokens=6), example=PROMPT)
+    status, answer = call_app(create_app(capped, allowed_hosts=LOOPBACK_NAMES), "POST", "/api/compare",
+                              {"prompt": PROMPT, "max_new_tokens": 11})
+    assert status == 413 and "max_new_tokens 11 is over this page's budget of 10" in answer["error"]
+
+
+# --- the Host header (DNS rebinding) -------------------------------------------------------------------
+
+
+def test_the_allowed_hosts_follow_the_address_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert allowed_hosts("127.0.0.1") == ["127.0.0.1", "localhost", "[::1]"]
+    assert set(allowed_hosts("localhost")) == set(allowed_hosts("::1")) == {"localhost", "127.0.0.1", "[::1]"}
+    assert set(allowed_hosts("127.0.0.2")) == {"127.0.0.2", "localhost", "127.0.0.1", "[::1]"}
+    assert allowed_hosts("192.168.1.5") == ["192.168.1.5"]
+    assert allowed_hosts("192.168.1.5", ["Play.Example.com", "::1", "[FE80::1]"]) == [
+        "192.168.1.5", "play.example.com", "[::1]", "[fe80::1]"]
+    addresses = {"playbox": "10.1.2.3", "playbox.lab.example": "2001:db8::7"}
+
+    def resolve(name: str, port: object, *args: object, **kwargs: object) -> list[tuple]:
+        if name not in addresses:
+            raise socket.gaierror(f"unknown {name}")
+        family = socket.AF_INET6 if ":" in addresses[name] else socket.AF_INET
+        return [(family, socket.SOCK_STREAM, 6, "", (addresses[name], 0))]
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "playbox")
+    monkeypatch.setattr(socket, "getfqdn", lambda name="": "playbox.lab.example")
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    machine = {"localhost", "127.0.0.1", "[::1]", "playbox", "playbox.lab.example", "10.1.2.3", "[2001:db8::7]"}
+    assert set(allowed_hosts("0.0.0.0")) == machine | {"0.0.0.0"}
+    assert set(allowed_hosts("::", ["proxy.example.com"])) == machine | {"[::]", "proxy.example.com"}
+
+
+@pytest.mark.parametrize("name", ["*.example.com", "play.example.com:8000", "http://play.example.com", "",
+                                  "a b"])
+def test_an_allowed_host_that_is_no_name_is_refused(name: str) -> None:
+    with pytest.raises(CLIError, match=re.escape(f"--allowed-host {name!r} is not a host name or address")):
+        allowed_hosts("127.0.0.1", [name])
+
+
+def test_the_allowed_names_are_those_the_host_header_carries(playground: Playground) -> None:
+    app = create_app(playground, allowed_hosts=allowed_hosts("::1", ["play.example.com"]))
+    for host in ("[::1]:8000", "LOCALHOST:8000", "127.0.0.1", "play.example.com"):
+        assert call_app(app, "GET", "/api/info", host=host)[0] == 200, host
+    for host in ("evil.example.com", "[::2]:8000", "127.0.0.2:8000", "::1"):
+        assert call_app(app, "GET", "/api/info", host=host) == (400, "Invalid host header"), host
+    with pytest.raises(ValueError, match="without wildcards"):
+        create_app(playground, allowed_hosts=["*"])
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/"), ("GET", "/api/info"), ("GET", "/static/play.js"),
+                                          ("POST", "/api/run"), ("POST", "/api/compare")])
+def test_a_request_for_another_host_is_refused_and_serves_nothing(play_server, method: str, path: str) -> None:
+    for host in ("evil.example.com", f"evil.example.com:{play_server.port}"):
+        if method == "GET":
+            answer = play_server.get(path, host=host)
+        else:
+            answer = play_server.post(path, {"prompt": PROMPT, "max_new_tokens": 4}, host=host)
+        assert answer == (400, "Invalid host header"), host
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost", "[::1]"])
+def test_the_loopback_names_are_served(play_server, name: str) -> None:
+    host = f"{name}:{play_server.port}"
+    status, page = play_server.get("/", host=host)
+    assert status == 200 and "<title>specdec play</title>" in page
+    status, info = play_server.get("/api/info", host=host)
+    assert status == 200 and "ngram" in [d["name"] for d in info["drafters"]]
+    status, run = play_server.post("/api/run", {"prompt": PROMPT, "drafter": "ngram", "max_new_tokens": 4}, host=host)
+    assert status == 200 and len(run["tokens"]) == 4
+
+
+def test_a_wildcard_bind_answers_this_machines_names_and_allowed_hosts(quick_zoo: Path) -> None:
+    server = start_play(["--host", "0.0.0.0", "--allowed-host", "play.example.test", "--quick", "--cache-dir",
+                         str(quick_zoo.parent), "--drafter", "ngram"], None)
+    try:
+        for host in (socket.gethostname(), "localhost", "play.example.test"):
+            assert server.get("/api/info", host=f"{host}:{server.port}")[0] == 200, host
+        assert server.get("/api/info", host="evil.example.com") == (400, "Invalid host header")
+    finally:
+        assert server.stop() == 0
+    assert "play.example.test" in "".join(server.stderr)

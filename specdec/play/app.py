@@ -11,19 +11,24 @@ API, every error as a JSON body `{"error": ..., "status": ...}`.
 The model runs on one worker thread, one request at a time; at most `Limits.queue` more wait
 for it, and the next is answered 503 (busy) at once. POSTs must say `application/json`, which a
 page on another origin cannot send without the browser first asking permission (not given).
+Only requests whose Host header names the server (`allowed_hosts`) are served; any other is
+answered 400 "Invalid host header" before it reaches a route, so a page whose name was rebound
+to this machine's address (DNS rebinding) reads nothing. An error the request did not cause is
+a 500 naming it, its traceback logged to `specdec.play`.
 """
 
 from __future__ import annotations
 
-import sys
-import traceback
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,6 +39,8 @@ from specdec.play.requests import BadRequest, CompareRequest, ProbeRequest, RunR
 from specdec.verifier import DraftError
 
 __all__ = ["PAGE_FILES", "ModelQueue", "create_app"]
+
+logger = logging.getLogger("specdec.play")
 
 PAGE_FILES = {"index.html": "text/html; charset=utf-8", "play.js": "text/javascript; charset=utf-8",
               "play.css": "text/css; charset=utf-8"}
@@ -81,8 +88,12 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(playground: Playground) -> Starlette:
-    """The app serving `playground`'s page and API."""
+def create_app(playground: Playground, *, allowed_hosts: Sequence[str]) -> Starlette:
+    """The app serving `playground`'s page and API to requests whose Host header names one of
+    `allowed_hosts` (names or addresses, IPv6 ones in brackets: "[::1]"; the port is not compared)."""
+    if not allowed_hosts or any("*" in name or not name for name in allowed_hosts):
+        raise ValueError(f"allowed_hosts must name the hosts this page answers to, without wildcards, got "
+                         f"{list(allowed_hosts)!r}")
     files = _page_files()
     queue = ModelQueue(playground.limits.queue)
 
@@ -108,10 +119,8 @@ def create_app(playground: Playground) -> Starlette:
                 return _error(error.status, str(error))
             except DraftError as error:  # the drafter's fault, not the request's
                 return _error(500, f"the drafter failed: {one_line(error)}")
-            except (ValueError, TypeError) as error:  # settings the model refuses (specdec.generate's checks)
-                return _error(400, one_line(error))
-            except Exception as error:  # the server keeps serving; the traceback goes to its log
-                traceback.print_exc(file=sys.stderr)
+            except Exception as error:  # a fault of the server's (the request was checked before any decoding)
+                logger.exception("%s %s failed", request.method, request.url.path)
                 return _error(500, f"the server failed: {type(error).__name__}: {one_line(error)}")
         return endpoint
 
@@ -128,4 +137,5 @@ def create_app(playground: Playground) -> Starlette:
               Route("/api/run", api(RunRequest, playground.run), methods=["POST"]),
               Route("/api/compare", api(CompareRequest, playground.compare), methods=["POST"]),
               Route("/api/probe", api(ProbeRequest, playground.probe), methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    hosts = Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts), www_redirect=False)
+    return Starlette(routes=routes, middleware=[hosts], exception_handlers={HTTPException: http_error})

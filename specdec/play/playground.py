@@ -8,36 +8,43 @@ page's requests with plain JSON-ready dicts.
 - `probe`: one forward's verdict on a typed continuation (`specdec.teaching.probe`).
 
 Everything here runs on the server's single model thread (`specdec.play.app`): one request
-at a time, so timings are never shared with another request's forwards.
+at a time, so timings are never shared with another request's forwards. Each drafter is made
+once per server and shape, and reset (`specdec.protocols.forget`) before every generation.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdec.errors import one_line
-from specdec.play.requests import BadRequest, CompareRequest, Limits, ProbeRequest, RunRequest
-from specdec.protocols import Drafter
+from specdec.play.requests import BadRequest, CompareRequest, Limits, ProbeRequest, RunRequest, check_request
+from specdec.protocols import Drafter, forget
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace, TraceStep
 from specdec.types import Generation, Sampling
+from specdec.verifier import DraftError
 
 __all__ = ["DrafterChoice", "Playground", "PLAIN", "drafter_choices"]
 
 PLAIN = "plain"  # the page's name for plain decoding (no drafter)
+
+logger = logging.getLogger("specdec.play")
 
 
 @dataclass(frozen=True)
 class DrafterChoice:
     """A drafter the page lists: its registry name, the options it is made with (a zoo
     checkpoint, a command line's --drafter options), those of its tree mode (None: chains only),
-    and why it cannot be used when making it failed."""
+    why it cannot be used when making it failed, and the instance that check made (the
+    playground reuses it for chains; not part of equality or repr)."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
     tree_options: dict[str, Any] | None = None
     reason: str | None = None
+    drafter: Drafter | None = field(default=None, compare=False, repr=False)
 
     @property
     def available(self) -> bool:
@@ -48,7 +55,8 @@ def drafter_choices(known: dict[str, dict[str, Any]], only_known: bool = False) 
     """Every registered drafter, plugins included, each made once to see that it works: with its
     options in `known` (the zoo's checkpoints, or --drafter specs), else with none. With
     `only_known`, the registered drafters outside `known` are left out. A drafter that fails to
-    be made is listed with the reason; it never takes the others down."""
+    be made is listed with the reason; it never takes the others down. Each choice keeps the
+    instance made."""
     from specdec import plugins
 
     choices = []
@@ -58,11 +66,12 @@ def drafter_choices(known: dict[str, dict[str, Any]], only_known: bool = False) 
         tree = None
         try:
             tree = getattr(plugins.drafter_class(name), "tree_options", None)
-            plugins.make_drafter(name, **options)
+            made = plugins.make_drafter(name, **options)
         except Exception as error:  # a plugin's failure is shown beside it, not raised
             choices.append(DrafterChoice(name, options, None, f"{type(error).__name__}: {one_line(error)}"))
             continue
-        choices.append(DrafterChoice(name, options, dict(tree) if isinstance(tree, dict) and tree else None))
+        choices.append(DrafterChoice(name, options, dict(tree) if isinstance(tree, dict) and tree else None,
+                                     drafter=made))
     return choices
 
 
@@ -74,6 +83,9 @@ class Playground:
         self.tokenizer = tokenizer
         self.lm = CausalLM(model, share_cache=True)
         self.choices = {c.name: c for c in choices}
+        # (name, shape) -> the one instance serving it; tree instances are made on first use
+        self._made: dict[tuple[str, str], Drafter] = {(c.name, "chain"): c.drafter for c in choices
+                                                      if c.available and c.drafter is not None}
         self.limits = limits
         self.title = title
         self.example = example
@@ -100,9 +112,10 @@ class Playground:
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         """One traced generation and the plain-decoding timings of as many tokens."""
+        check_request(request, self.limits)
+        sampling = _sampling(request.temperature, request.top_p)
         prompt = self._encode(request.prompt, request.max_new_tokens)
         drafter = self._drafter(request.drafter, request.shape)
-        sampling = Sampling(temperature=request.temperature, top_p=request.top_p)
         trace = Trace()
         result = self._generate(prompt, drafter, request.k, request.max_new_tokens, sampling, request.seed, trace)
         plain = self._plain_step_seconds(prompt, len(result.tokens), sampling, request.seed)
@@ -156,10 +169,14 @@ class Playground:
     # --- compare ------------------------------------------------------------------------------
 
     def compare(self, request: CompareRequest) -> dict[str, Any]:
-        """Plain decoding, then every available drafter, on the same prompt and settings."""
-        prompt = self._encode(request.prompt, request.max_new_tokens)
-        sampling = Sampling(temperature=request.temperature, top_p=request.top_p)
-        plain = self._generate(prompt, None, 0, request.max_new_tokens, sampling, request.seed)
+        """Plain decoding, then every available drafter, on the same prompt and settings, each
+        decoding at most `Limits.max_compare_tokens` (the answer's `budget` says what was cut)."""
+        check_request(request, self.limits)
+        sampling = _sampling(request.temperature, request.top_p)
+        cap = self.limits.max_compare_tokens
+        budget = min(request.max_new_tokens, cap)
+        prompt = self._encode(request.prompt, budget)
+        plain = self._generate(prompt, None, 0, budget, sampling, request.seed)
         rows = [self._row(PLAIN, "chain", plain, plain, sampling)]
         for choice in self.choices.values():
             if not choice.available:
@@ -168,13 +185,20 @@ class Playground:
             shape = request.shape if choice.tree_options is not None else "chain"
             try:
                 drafter = self._drafter(choice.name, shape)
-                result = self._generate(prompt, drafter, request.k, request.max_new_tokens, sampling, request.seed)
-            except Exception as error:  # one drafter's failure is its row's, the others go on
+                result = self._generate(prompt, drafter, request.k, budget, sampling, request.seed)
+            except DraftError as error:  # the drafter's own fault: its row says so, the others go on
                 rows.append({"drafter": choice.name, "shape": shape, "error": one_line(error)})
+                continue
+            except Exception as error:  # unexpected: its row's too, and its traceback to the log
+                logger.exception("compare: drafter %r (%s) failed", choice.name, shape)
+                rows.append({"drafter": choice.name, "shape": shape,
+                             "error": f"{type(error).__name__}: {one_line(error)}"})
                 continue
             rows.append(self._row(choice.name, shape, result, plain, sampling))
         return {"request": asdict(request), "plain_tokens": plain.tokens, "plain_text": self._decode(plain.tokens),
-                "greedy": sampling.greedy, "rows": rows}
+                "greedy": sampling.greedy, "rows": rows,
+                "budget": {"asked": request.max_new_tokens, "decoded": budget, "cap": cap,
+                           "capped": request.max_new_tokens > cap}}
 
     def _row(self, name: str, shape: str, result: Generation, plain: Generation, sampling: Sampling) -> dict[str, Any]:
         stats = result.stats
@@ -193,6 +217,7 @@ class Playground:
         """One forward's greedy verdict on each continuation token, and the target's top tokens."""
         from specdec.teaching.probe import probe
 
+        check_request(request, self.limits)
         prefix = self._encode(request.prefix, 0, "prefix")
         continuation = self._encode(request.continuation, 0, "continuation")
         if len(prefix) + len(continuation) > self.limits.max_prompt_tokens:
@@ -217,7 +242,9 @@ class Playground:
                         seed=seed, trace=trace)
 
     def _drafter(self, name: str, shape: str) -> Drafter | None:
-        """A fresh instance of the drafter `name` (None for plain decoding) in `shape`."""
+        """The drafter `name` (None for plain decoding) in `shape`: made once per server (a chain's
+        when the page's choices were checked, a tree's on first use), forgotten before each use so
+        that nothing of an earlier request drafts for this one."""
         from specdec.plugins import make_drafter
 
         if name == PLAIN:
@@ -232,8 +259,12 @@ class Playground:
             raise BadRequest(400, f"drafter {name!r} is unavailable here: {choice.reason}")
         if shape == "tree" and choice.tree_options is None:
             raise BadRequest(400, f"drafter {name!r} drafts chains only; choose shape chain")
-        options = {**choice.options, **(choice.tree_options or {})} if shape == "tree" else choice.options
-        return make_drafter(name, **options)
+        drafter = self._made.get((name, shape))
+        if drafter is None:
+            options = {**choice.options, **(choice.tree_options or {})} if shape == "tree" else choice.options
+            drafter = self._made[(name, shape)] = make_drafter(name, **options)
+        forget(drafter)  # e.g. suffix decoding's trie of earlier outputs
+        return drafter
 
     def _encode(self, text: str, budget: int, field_name: str = "prompt") -> list[int]:
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -250,3 +281,11 @@ class Playground:
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids))
+
+
+def _sampling(temperature: float, top_p: float) -> Sampling:
+    """The request's sampling settings; those `Sampling` refuses are the request's fault (400)."""
+    try:
+        return Sampling(temperature=temperature, top_p=top_p)
+    except ValueError as error:
+        raise BadRequest(400, f"{one_line(error)}; change the setting") from None

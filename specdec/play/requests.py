@@ -11,7 +11,8 @@ import json
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, TypeVar
 
-__all__ = ["BadRequest", "CompareRequest", "Limits", "ProbeRequest", "RunRequest", "parse_request"]
+__all__ = ["BadRequest", "CompareRequest", "Limits", "ProbeRequest", "RunRequest", "check_request",
+           "parse_request"]
 
 SHAPES = ("chain", "tree")
 
@@ -32,8 +33,8 @@ class Limits:
     max_body_bytes: int = 64 * 1024
     max_prompt_chars: int = 4000
     max_prompt_tokens: int = 512
-    max_new_tokens: int = 256
-    max_compare_tokens: int = 128
+    max_new_tokens: int = 256  # the most a run, or a compare, may ask for
+    max_compare_tokens: int = 128  # the most compare decodes per drafter (its answer says when it cut)
     max_k: int = 16
     max_top: int = 20
     max_temperature: float = 10.0
@@ -56,7 +57,8 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class CompareRequest:
-    """The same prompt and settings under every drafter the page offers."""
+    """The same prompt and settings under every drafter the page offers (each decodes at most
+    `Limits.max_compare_tokens` of `max_new_tokens`)."""
 
     prompt: str
     k: int = 4
@@ -102,7 +104,7 @@ def parse_request(body: bytes, kind: type[Request], limits: Limits) -> Request:
         elif field.default is MISSING:
             raise BadRequest(400, f"the field {name!r} is missing")
     request = kind(**values)
-    _check(request, limits)
+    check_request(request, limits)
     return request
 
 
@@ -121,8 +123,9 @@ def _typed(name: str, value: Any, annotation: Any) -> Any:
     return float(value)
 
 
-def _check(request: Any, limits: Limits) -> None:
-    """The ranges every request of its kind must respect (the model's own checks come later)."""
+def check_request(request: RunRequest | CompareRequest | ProbeRequest, limits: Limits) -> None:
+    """A BadRequest unless `request` respects the ranges of its kind (the playground checks again
+    what a caller built without `parse_request`; the model's own checks come later)."""
     texts = ("prefix", "continuation") if isinstance(request, ProbeRequest) else ("prompt",)
     for name in texts:
         text = getattr(request, name)
@@ -134,7 +137,7 @@ def _check(request: Any, limits: Limits) -> None:
     if isinstance(request, ProbeRequest):
         _within("top", request.top, 1, limits.max_top)
         return
-    budget = limits.max_compare_tokens if isinstance(request, CompareRequest) else limits.max_new_tokens
+    budget = limits.max_new_tokens  # compare takes as much, and decodes at most max_compare_tokens of it
     if request.max_new_tokens > budget:
         raise BadRequest(413, f"max_new_tokens {request.max_new_tokens} is over this page's budget of {budget}")
     _within("max_new_tokens", request.max_new_tokens, 1, budget)

@@ -450,10 +450,8 @@ function doProbe() {
 function doCompare() {
   return busy("comparing every drafter…", async () => {
     const s = settings();
-    const limit = state.info.limits.max_compare_tokens;
     const data = await api("/api/compare", { prompt: s.prompt, k: s.k, shape: s.shape, temperature: s.temperature,
-                                             top_p: s.top_p, max_new_tokens: Math.min(s.max_new_tokens, limit),
-                                             seed: s.seed });
+                                             top_p: s.top_p, max_new_tokens: s.max_new_tokens, seed: s.seed });
     const body = $("compare-table").querySelector("tbody");
     body.textContent = "";
     for (const r of data.rows) {
@@ -484,8 +482,23 @@ function doCompare() {
       body.appendChild(tr);
     }
     $("compare-table").hidden = false;
+    drawCompareBudget(data.budget);
     $("status").textContent = `compared ${data.rows.length} rows` + (data.greedy ? " at temperature 0" : "");
   });
+}
+
+function drawCompareBudget(budget) {  // a note under the table when compare decoded less than was asked
+  let note = $("compare-budget");
+  if (!note) {
+    note = el("p", null, "muted");
+    note.id = "compare-budget";
+    $("compare-table").after(note);
+  }
+  note.hidden = !budget.capped;
+  note.textContent = budget.capped ? `compare decodes at most ${budget.cap} tokens per drafter: every drafter ` +
+    `runs on the prompt (you asked for ${budget.asked}; the step view and the timeline decode them all)` : "";
+  note.dataset.decoded = String(budget.decoded);
+  note.dataset.capped = String(budget.capped);
 }
 
 // --- wiring --------------------------------------------------------------------------------------
