@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) browser
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) browser  # the venv and Chromium install side by side
+	# two workers, one per core; a file's tests stay together (tests/conftest.py); docs/working.md
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 
 # Headless Chromium for the browser test of `specdec play` (Debian's package, driven by Playwright).
 # Where it cannot be installed the test skips with one line; under CI=true it fails instead.

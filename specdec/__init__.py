@@ -13,8 +13,8 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.runtime.target import CausalLM
 from specdec.sampling import probabilities
 from specdec.types import BatchGenerations, Draft, ExtraRows, Generation, Sampling, Stats, Verdict
+from specdec.versions import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchGenerations",

@@ -1,10 +1,13 @@
-"""The software a result was produced with, recorded in zoo manifests and bench results."""
+"""specdec's version, and the software a result was produced with (recorded in zoo manifests and
+bench results)."""
 
 from __future__ import annotations
 
 import platform
 
-__all__ = ["software_versions"]
+__all__ = ["__version__", "software_versions"]
+
+__version__ = "0.1.0"  # specdec's own (pyproject.toml says the same)
 
 
 def software_versions() -> dict[str, str]:
@@ -12,8 +15,6 @@ def software_versions() -> dict[str, str]:
     import tokenizers
     import torch
     import transformers
-
-    from specdec import __version__
 
     return {"specdec": __version__, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,

@@ -1,4 +1,6 @@
-"""Shared test settings: a derandomized hypothesis profile for CI, tiny-model fixtures."""
+"""Shared test settings: a derandomized hypothesis profile for CI, how the tests share the two
+cores (pytest-xdist groups), and the fixtures built once per run (the quick zoo, its target and
+drafters, the play server)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,55 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
+# `make test` runs two pytest-xdist workers, one per core (docs/working.md). A worker takes a file at a
+# time, so a file's module fixtures are built once; the files below are handed out first, longest
+# first, so that neither worker is left with a long file at the end; the rest follow in collection order.
+LONGEST = ("test_demo.py", "test_engine_zoo.py", "test_engine.py", "test_batch.py", "test_synthetic_bench.py",
+           "test_bench.py", "test_distributed.py", "test_lookahead.py")
+# One unit of work, on one worker, in this order: the demo compiles the quick zoo's graphs at k = 4 and
+# the engine's zoo tests replay them in the same process (apart, both would compile them, at once).
+TOGETHER = ("test_demo.py", "test_engine_zoo.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist: the files of LONGEST first, in that order (sorting keeps each file's tests in
+    their order). Without xdist the order stays."""
+    if not (getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")):
+        return
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadfile`: pytest-xdist's file scheduling, with the files of TOGETHER as one unit
+    and the units handed out in collection order (not, as by default, those with most tests first)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "+".join(TOGETHER) if path.rpartition("/")[2] in TOGETHER else path
+
+    config.option.loadscopereorder = False
+    return Scheduling(config, log)
+
+
+def run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary directory of this test run that every pytest-xdist worker shares (the run's
+    base directory; each worker's own lies inside it), or the session's own without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
 
 @pytest.fixture(scope="session")
 def quick_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quick zoo family, built once per session into a temporary cache directory."""
+    """The quick zoo family, built once per test run into a temporary cache directory (the first
+    worker to ask builds it under the family's lock; the others wait for it, then read it)."""
     from specdec import zoo
 
-    return zoo.build(zoo.QUICK, root=tmp_path_factory.mktemp("zoo-cache"), show_progress=False,
+    return zoo.build(zoo.QUICK, root=run_directory(tmp_path_factory) / "zoo-cache", show_progress=False,
                      log=lambda line: None)
 
 
@@ -54,3 +98,48 @@ def play_server(play_zoo: Path, quick_zoo: Path, tmp_path_factory: pytest.TempPa
     server = start_play([*family, "--cache-dir", str(play_zoo.parent)], plugin)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def playground(quick_zoo: Path):
+    """A `specdec play` playground on the quick zoo, in this process (every drafter the zoo has)."""
+    from play_server import PROMPT
+
+    from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.play import Playground, drafter_choices
+    from specdec.zoo import drafter_options
+
+    tokenizer = load_tokenizer(quick_zoo / "target")
+    model = load_causal_lm(quick_zoo / "target").eval()
+    return Playground(tokenizer, model, drafter_choices(drafter_options(quick_zoo)), example=PROMPT)
+
+
+@pytest.fixture(scope="session")
+def quick_target(quick_zoo: Path):
+    """The quick zoo's target (float32, eval), loaded once per run: the tests that decode it share its
+    compiled graphs, which stay with the module (`specdec.runtime.engine`). Tests must not change it."""
+    from specdec.checkpoints import load_causal_lm
+
+    return load_causal_lm(quick_zoo / "target")
+
+
+@pytest.fixture(scope="session")
+def zoo_drafter(quick_zoo: Path):
+    """`zoo_drafter(name, compiled, **extra)`: the quick zoo's drafter `name` with the zoo's options and
+    `extra` (e.g. its tree options), made once per run for eager and once for compiled decoding (a
+    drafter keeps its compiled steps with its modules), and forgotten (`specdec.protocols.forget`)
+    each time it is handed out, as a fresh instance would be."""
+    from specdec import make_drafter, zoo
+    from specdec.protocols import forget
+
+    options = zoo.drafter_options(quick_zoo)
+    made: dict[tuple, object] = {}
+
+    def get(name: str, compiled: bool, **extra: object) -> object:
+        key = (name, compiled, tuple(sorted(extra.items())))
+        if key not in made:
+            made[key] = make_drafter(name, **{**options[name], **extra})
+        forget(made[key])
+        return made[key]
+
+    return get

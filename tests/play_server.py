@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+PROMPT = "def area(r):\n    return"  # the prompt the play tests type
+
 PLUGIN = '''
 import specdec
 

@@ -317,9 +317,10 @@ def test_compiled_batches_equal_eager_on_a_few_shapes(monkeypatch):
     drafter = specdec.make_drafter("ngram", max_ngram=3)
     eager = specdec.generate_batch(model, prompts, drafter=drafter, max_new_tokens=NEW, eos_token_id=eos)
     shapes.clear()
+    failed = compile_failures()  # those of earlier tests in this process (one decodes a model dynamo cannot compile)
     compiled = specdec.generate_batch(model, prompts, drafter=drafter, max_new_tokens=NEW, eos_token_id=eos,
                                       compile=True)
-    assert not compile_failures(), compile_failures()
+    assert compile_failures() == failed, compile_failures()
     assert [row.tokens for row in compiled] == [row.tokens for row in eager]
     assert {rows for rows, _ in shapes} <= {5, 4, 2, 1}, f"batch shapes {sorted(shapes)}"
     assert {width for _, width in shapes} <= {1, 5}, "a chain's verify keeps k + 1 rows, plain decoding one"

@@ -12,7 +12,7 @@ import pytest
 
 DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
 NEW_TOKENS = 16
-K = 4  # the k of test_engine's zoo runs, whose graphs this run can then reuse from inductor's cache
+K = 4  # the k of tests/test_engine_zoo.py, which runs after this file in the same process and replays these graphs
 
 
 def _load_demo():

@@ -1,7 +1,7 @@
 """`specdec play` without a browser: the requests' checks, the bounded queue, the playground's
 answers against `specdec.generate` and `specdec.teaching.probe`, its drafters made once and reset
 before each use, and the real server's errors (every bad request a 4xx/5xx JSON naming what was
-wrong, the server serving on after each, and a request for another host refused)."""
+wrong, and the server serving on after each). The Host check: tests/test_play_hosts.py."""
 
 from __future__ import annotations
 
@@ -18,12 +18,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from play_server import call_app, start_play
+from play_server import PROMPT, call_app, start_play
 
 import specdec
-from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.cli.common import CLIError
-from specdec.cli.play import LOOPBACK_NAMES, allowed_hosts
+from specdec.checkpoints import load_causal_lm
+from specdec.cli.play import LOOPBACK_NAMES
 from specdec.play import BadRequest, CompareRequest, Limits, Playground, ProbeRequest, RunRequest, drafter_choices
 from specdec.play.app import ModelQueue, create_app
 from specdec.play.requests import parse_request
@@ -31,7 +30,6 @@ from specdec.teaching.probe import probe
 from specdec.teaching.trace import Trace
 from specdec.zoo import drafter_options
 
-PROMPT = "def area(r):\n    return"
 
 
 def _refused(body: bytes, kind: type = RunRequest, limits: Limits = Limits()) -> tuple[int, str]:
@@ -102,13 +100,6 @@ def test_the_queue_serves_one_at_a_time_and_refuses_beyond_its_bound() -> None:
     anyio.run(main)
     assert sorted(outcomes, key=str) == [503, {"ok": True}, {"ok": True}]
     assert queue.admitted == 0
-
-
-@pytest.fixture(scope="module")
-def playground(quick_zoo: Path) -> Playground:
-    tokenizer = load_tokenizer(quick_zoo / "target")
-    model = load_causal_lm(quick_zoo / "target").eval()
-    return Playground(tokenizer, model, drafter_choices(drafter_options(quick_zoo)), example=PROMPT)
 
 
 def _reference(playground: Playground, quick_zoo: Path, name: str, tree: bool = False, **settings):
@@ -390,80 +381,3 @@ def test_compare_over_the_run_budget_is_refused(playground: Playground) -> None:
     status, answer = call_app(create_app(capped, allowed_hosts=LOOPBACK_NAMES), "POST", "/api/compare",
                               {"prompt": PROMPT, "max_new_tokens": 11})
     assert status == 413 and "max_new_tokens 11 is over this page's budget of 10" in answer["error"]
-
-
-# --- the Host header (DNS rebinding) -------------------------------------------------------------------
-
-
-def test_the_allowed_hosts_follow_the_address_served(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert allowed_hosts("127.0.0.1") == ["127.0.0.1", "localhost", "[::1]"]
-    assert set(allowed_hosts("localhost")) == set(allowed_hosts("::1")) == {"localhost", "127.0.0.1", "[::1]"}
-    assert set(allowed_hosts("127.0.0.2")) == {"127.0.0.2", "localhost", "127.0.0.1", "[::1]"}
-    assert allowed_hosts("192.168.1.5") == ["192.168.1.5"]
-    assert allowed_hosts("192.168.1.5", ["Play.Example.com", "::1", "[FE80::1]"]) == [
-        "192.168.1.5", "play.example.com", "[::1]", "[fe80::1]"]
-    addresses = {"playbox": "10.1.2.3", "playbox.lab.example": "2001:db8::7"}
-
-    def resolve(name: str, port: object, *args: object, **kwargs: object) -> list[tuple]:
-        if name not in addresses:
-            raise socket.gaierror(f"unknown {name}")
-        family = socket.AF_INET6 if ":" in addresses[name] else socket.AF_INET
-        return [(family, socket.SOCK_STREAM, 6, "", (addresses[name], 0))]
-
-    monkeypatch.setattr(socket, "gethostname", lambda: "playbox")
-    monkeypatch.setattr(socket, "getfqdn", lambda name="": "playbox.lab.example")
-    monkeypatch.setattr(socket, "getaddrinfo", resolve)
-    machine = {"localhost", "127.0.0.1", "[::1]", "playbox", "playbox.lab.example", "10.1.2.3", "[2001:db8::7]"}
-    assert set(allowed_hosts("0.0.0.0")) == machine | {"0.0.0.0"}
-    assert set(allowed_hosts("::", ["proxy.example.com"])) == machine | {"[::]", "proxy.example.com"}
-
-
-@pytest.mark.parametrize("name", ["*.example.com", "play.example.com:8000", "http://play.example.com", "",
-                                  "a b"])
-def test_an_allowed_host_that_is_no_name_is_refused(name: str) -> None:
-    with pytest.raises(CLIError, match=re.escape(f"--allowed-host {name!r} is not a host name or address")):
-        allowed_hosts("127.0.0.1", [name])
-
-
-def test_the_allowed_names_are_those_the_host_header_carries(playground: Playground) -> None:
-    app = create_app(playground, allowed_hosts=allowed_hosts("::1", ["play.example.com"]))
-    for host in ("[::1]:8000", "LOCALHOST:8000", "127.0.0.1", "play.example.com"):
-        assert call_app(app, "GET", "/api/info", host=host)[0] == 200, host
-    for host in ("evil.example.com", "[::2]:8000", "127.0.0.2:8000", "::1"):
-        assert call_app(app, "GET", "/api/info", host=host) == (400, "Invalid host header"), host
-    with pytest.raises(ValueError, match="without wildcards"):
-        create_app(playground, allowed_hosts=["*"])
-
-
-@pytest.mark.parametrize("method, path", [("GET", "/"), ("GET", "/api/info"), ("GET", "/static/play.js"),
-                                          ("POST", "/api/run"), ("POST", "/api/compare")])
-def test_a_request_for_another_host_is_refused_and_serves_nothing(play_server, method: str, path: str) -> None:
-    for host in ("evil.example.com", f"evil.example.com:{play_server.port}"):
-        if method == "GET":
-            answer = play_server.get(path, host=host)
-        else:
-            answer = play_server.post(path, {"prompt": PROMPT, "max_new_tokens": 4}, host=host)
-        assert answer == (400, "Invalid host header"), host
-
-
-@pytest.mark.parametrize("name", ["127.0.0.1", "localhost", "[::1]"])
-def test_the_loopback_names_are_served(play_server, name: str) -> None:
-    host = f"{name}:{play_server.port}"
-    status, page = play_server.get("/", host=host)
-    assert status == 200 and "<title>specdec play</title>" in page
-    status, info = play_server.get("/api/info", host=host)
-    assert status == 200 and "ngram" in [d["name"] for d in info["drafters"]]
-    status, run = play_server.post("/api/run", {"prompt": PROMPT, "drafter": "ngram", "max_new_tokens": 4}, host=host)
-    assert status == 200 and len(run["tokens"]) == 4
-
-
-def test_a_wildcard_bind_answers_this_machines_names_and_allowed_hosts(quick_zoo: Path) -> None:
-    server = start_play(["--host", "0.0.0.0", "--allowed-host", "play.example.test", "--quick", "--cache-dir",
-                         str(quick_zoo.parent), "--drafter", "ngram"], None)
-    try:
-        for host in (socket.gethostname(), "localhost", "play.example.test"):
-            assert server.get("/api/info", host=f"{host}:{server.port}")[0] == 200, host
-        assert server.get("/api/info", host="evil.example.com") == (400, "Invalid host header")
-    finally:
-        assert server.stop() == 0
-    assert "play.example.test" in "".join(server.stderr)

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from play_server import PROMPT
 
 import specdec
 from specdec.checkpoints import load_causal_lm, load_tokenizer
@@ -23,7 +24,6 @@ from specdec.zoo import drafter_options
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                   "--disable-background-networking", "--disable-component-update"]
-PROMPT = "def area(r):\n    return"
 
 
 def _missing(what: str) -> None:
