@@ -44,6 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST)))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: pytest without it runs the suite in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under `--dist loadfile`: pytest-xdist's file scheduling, with the files of TOGETHER as one unit
     and the units handed out in collection order (not, as by default, those with most tests first)."""

@@ -5,8 +5,8 @@ static cache, eagerly or compiled one of four ways; each mode runs in a fresh pr
 inductor cache, and prints the first call's seconds (the compile) and the mean of 200 forwards
 after it. Run it alone: a second job on the machine makes the figures meaningless.
 
-    python examples/compile_modes.py            # every mode
-    python examples/compile_modes.py whole      # one: eager, whole, whole-python, layers, nested
+    python -m specdec.bench.compile_modes          # every mode
+    python -m specdec.bench.compile_modes whole    # one: eager, whole, whole-python, layers, nested
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+__all__ = ["MODES", "main", "measure"]
+
 MODES = ("eager", "whole", "whole-python", "layers", "nested")
 CPU_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}  # the engine's (specdec.runtime.engine)
 
@@ -26,14 +28,14 @@ def measure(mode: str, forwards: int = 200) -> tuple[float, float]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, StaticCache
 
+    from specdec.runtime.forward import prepare_for_compile
+
     torch.set_num_threads(1)
     config = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=32,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).eval()
-    from specdec.runtime.forward import prepare_for_compile
-
-    prepare_for_compile(model)
+    prepare_for_compile(model)  # transformers' output hooks, installed eagerly as the engine does
     cache = StaticCache(config=config, max_cache_len=256)
 
     def forward(model: Qwen3ForCausalLM, ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -65,24 +67,25 @@ def measure(mode: str, forwards: int = 200) -> tuple[float, float]:
     return first, per_forward
 
 
-def main(argv: list[str]) -> int:
-    modes = argv or list(MODES)
+def main(argv: list[str] | None = None) -> int:
+    modes = list(sys.argv[1:] if argv is None else argv) or list(MODES)
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         print(f"unknown mode {unknown[0]!r}: choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
     if len(modes) > 1:  # each in a fresh process: one mode's graphs and caches never serve another
-        return max(subprocess.run([sys.executable, __file__, mode]).returncode for mode in modes)
+        return max(subprocess.run([sys.executable, "-m", __spec__.name, mode]).returncode for mode in modes)
     mode = modes[0]
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-compile-modes-")
-    try:
-        first, per_forward = measure(mode)
-    except Exception as error:  # dynamo and inductor raise many kinds; the first line says which
-        print(f"{mode:13s} fails: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
-        return 0
+    with tempfile.TemporaryDirectory(prefix="specdec-compile-modes-") as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # before torch is imported (in `measure`)
+        try:
+            first, per_forward = measure(mode)
+        except Exception as error:  # dynamo and inductor raise many kinds; the first line says which
+            print(f"{mode:13s} fails: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+            return 0
     print(f"{mode:13s} first call {first:6.1f} s, then {per_forward:6.2f} ms per forward")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
