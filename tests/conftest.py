@@ -1,6 +1,6 @@
-"""Shared test settings: a derandomized hypothesis profile for CI, how the tests share the two
-cores (pytest-xdist groups), and the fixtures built once per run (the quick zoo, its target and
-drafters, the play server)."""
+"""Shared test settings: a derandomized hypothesis profile for CI, how pytest-xdist hands the files
+to the two workers, and the fixtures built once per run (the quick zoo, its target and drafters,
+the play server and playground)."""
 
 from __future__ import annotations
 
@@ -102,26 +102,25 @@ def play_server(play_zoo: Path, quick_zoo: Path, tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="session")
-def playground(quick_zoo: Path):
-    """A `specdec play` playground on the quick zoo, in this process (every drafter the zoo has)."""
-    from play_server import PROMPT
-
-    from specdec.checkpoints import load_causal_lm, load_tokenizer
-    from specdec.play import Playground, drafter_choices
-    from specdec.zoo import drafter_options
-
-    tokenizer = load_tokenizer(quick_zoo / "target")
-    model = load_causal_lm(quick_zoo / "target").eval()
-    return Playground(tokenizer, model, drafter_choices(drafter_options(quick_zoo)), example=PROMPT)
-
-
-@pytest.fixture(scope="session")
 def quick_target(quick_zoo: Path):
     """The quick zoo's target (float32, eval), loaded once per run: the tests that decode it share its
     compiled graphs, which stay with the module (`specdec.runtime.engine`). Tests must not change it."""
     from specdec.checkpoints import load_causal_lm
 
     return load_causal_lm(quick_zoo / "target")
+
+
+@pytest.fixture(scope="session")
+def playground(quick_zoo: Path, quick_target):
+    """A `specdec play` playground on the quick zoo's target, in this process (every drafter the zoo has)."""
+    from play_server import PROMPT
+
+    from specdec.checkpoints import load_tokenizer
+    from specdec.play import Playground, drafter_choices
+    from specdec.zoo import drafter_options
+
+    tokenizer = load_tokenizer(quick_zoo / "target")
+    return Playground(tokenizer, quick_target, drafter_choices(drafter_options(quick_zoo)), example=PROMPT)
 
 
 @pytest.fixture(scope="session")

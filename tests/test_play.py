@@ -31,7 +31,6 @@ from specdec.teaching.trace import Trace
 from specdec.zoo import drafter_options
 
 
-
 def _refused(body: bytes, kind: type = RunRequest, limits: Limits = Limits()) -> tuple[int, str]:
     with pytest.raises(BadRequest) as caught:
         parse_request(body, kind, limits)

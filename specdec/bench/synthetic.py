@@ -129,9 +129,10 @@ def _cost(lm: CausalLM, prompt: torch.Tensor, costs: dict[str, float], rows: int
 
 
 def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callable[[str], None]) -> dict[str, Any]:
-    """Every measure of one synthetic target."""
-    dtype = getattr(torch, setting.dtype)
-    model = build_target(shape, dtype, device)
+    """Every measure of one synthetic target: its forwards' costs on each engine, plain decoding and
+    each drafter on each engine, the batch curve (on the first target), and transformers' own
+    decoding (peers)."""
+    model = build_target(shape, getattr(torch, setting.dtype), device)
     parameters = sum(p.numel() for p in model.parameters())
     log(f"{shape.name}: {parameters / 1e9:.2f}B parameters in {setting.dtype} on {device}")
     generator = torch.Generator().manual_seed(0)
@@ -139,6 +140,24 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
     motif = torch.randint(0, shape.vocab, (16,), generator=generator)
     repetitive = motif.repeat(setting.prompt // 16 + 1)[: setting.prompt]  # for prompt lookup
     lm = CausalLM(model)
+    bound = weight_bytes(model) / (peak_bandwidth(device) or copy_bandwidth(device))
+    costs = _forward_costs(lm, prompt, setting, log)
+    rows, plain = _decode_rows(lm, shape, setting, prompt, repetitive, costs, bound, log)
+    batch = _batch_curve(model, shape, setting, generator, log) if setting.batches and shape == setting.shapes[0] \
+        else None
+    if setting.peers:
+        rows += _peer_rows(model, shape, setting, prompt, plain, bound, log)
+    result = {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
+              "bandwidth_bound_seconds": bound, "forward_costs": costs, "rows": [asdict(row) for row in rows]}
+    if batch is not None:
+        result["batch"] = batch
+    return result
+
+
+def _forward_costs(lm: CausalLM, prompt: torch.Tensor, setting: Setting, log: Callable[[str], None]
+                   ) -> dict[str, dict[str, float]]:
+    """engine -> the seconds of a forward of 1 and k + 1 rows ("T(n)") and of each tree width
+    ("tree T(n)"), and the seconds spent compiling them."""
     costs: dict[str, dict[str, float]] = {}
     for engine in setting.engines:
         compile, before = engine == "compiled", compile_seconds()
@@ -149,11 +168,18 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
         costs[engine]["compile_seconds"] = compile_seconds() - before
         log(f"  {engine} forward costs: " + ", ".join(f"{key} {1000 * t:.2f} ms" for key, t in costs[engine].items()
                                                          if key.startswith(("T(", "tree"))))
+    return costs
+
+
+def _decode_rows(lm: CausalLM, shape: Shape, setting: Setting, prompt: torch.Tensor, repetitive: torch.Tensor,
+                 costs: dict[str, dict[str, float]], bound: float, log: Callable[[str], None]
+                 ) -> tuple[list[Row], dict[Any, Any]]:
+    """A row for plain decoding and each drafter on each engine (prompt lookup on the repetitive
+    prompt, over plain decoding of it), and plain decoding's (tokens, seconds) by engine."""
     rows: list[Row] = []
     plain: dict[Any, Any] = {}  # engine (and "ngram") -> (tokens or Generation, seconds)
-    bound = weight_bytes(model) / (peak_bandwidth(device) or copy_bandwidth(device))
     with tempfile.TemporaryDirectory() as scratch:
-        factories = drafter_factories(model, Path(scratch), setting.drafters)
+        factories = drafter_factories(lm.model, Path(scratch), setting.drafters)
         for engine in setting.engines:
             compile = engine == "compiled"
             for name in ("plain", *setting.drafters):
@@ -177,41 +203,47 @@ def run_target(shape: Shape, setting: Setting, device: torch.device, log: Callab
                     tokens, baseline = plain[engine, "ngram"] if name == "ngram" else plain[engine]
                     tokens = tokens.tokens if name == "ngram" else tokens
                     row.same_as_plain, row.speedup = result.tokens == tokens, baseline / seconds
-                if name != "plain":  # the ideal, from the verify's cost at this row's width
-                    width = max(1, round(stats.drafted / stats.steps)) + 1
+                    width = max(1, round(stats.drafted / stats.steps)) + 1  # the ideal, from the verify's cost
                     verify = _cost(lm, prompt, costs[engine], width, tree="+tree" in name, compile=compile)
                     row.ideal_speedup = ideal_speedup(stats.mean_accepted_length, costs[engine]["T(1)"], verify,
                                                       row.draft_seconds_per_step)
                     row.extra["verify_rows"] = width
                 rows.append(row)
                 log(f"  {engine} {name}: {row.tokens_per_second:.1f} tokens/s, {row.mean_accepted_length:.2f} per step")
-    if setting.batches and shape == setting.shapes[0]:
-        with tempfile.TemporaryDirectory() as scratch:
-            factories = drafter_factories(model, Path(scratch), setting.batch_drafters)
-            contenders = (Contender("plain", compile=True), *(
-                Contender(name, name.removesuffix("+tree"), {}, setting.k, tree=name.endswith("+tree"), compile=True)
-                for name in setting.batch_drafters))
-            prompts = [torch.randint(0, shape.vocab, (setting.prompt,), generator=generator).tolist()
-                       for _ in range(max(setting.batches))]
-            config = BatchCurveConfig(batches=setting.batches, contenders=contenders, max_new_tokens=setting.new_tokens,
-                                      repeats=setting.repeats, peers=setting.peers)
-            records = run_curve(model, prompts, config, made={name: factories[name]() for name in setting.batch_drafters})
-        batch = {"records": records, "stops_paying": stops_paying(records), "table": curve_table(records)}
-        log(batch["table"])
-    if setting.peers:
-        for peer in ("hf-plain", "hf-static"):
-            call = functools.partial(hf_generate, model, prompt, peer, 0, setting.new_tokens, Sampling())
-            (tokens, stats), seconds, compiled = _timed(call, setting.repeats)
-            reference = plain.get("eager", plain.get("compiled"))
-            rows.append(Row(shape.name, peer, "transformers", stats.new_tokens / seconds, 1.0, seconds / stats.steps,
-                            0.0, compiled, same_as_plain=reference is not None and tokens == reference[0],
-                            bandwidth_share=bound / (seconds / stats.new_tokens)))
-            log(f"  {peer}: {rows[-1].tokens_per_second:.1f} tokens/s")
-    result = {"target": asdict(shape), "parameters": parameters, "weight_bytes": weight_bytes(model),
-              "bandwidth_bound_seconds": bound, "forward_costs": costs, "rows": [asdict(row) for row in rows]}
-    if setting.batches and shape == setting.shapes[0]:
-        result["batch"] = batch
-    return result
+    return rows, plain
+
+
+def _batch_curve(model: Any, shape: Shape, setting: Setting, generator: torch.Generator, log: Callable[[str], None]
+                 ) -> dict[str, Any]:
+    """The batch curve of plain decoding and `setting.batch_drafters`, compiled, on random prompts."""
+    with tempfile.TemporaryDirectory() as scratch:
+        factories = drafter_factories(model, Path(scratch), setting.batch_drafters)
+        contenders = (Contender("plain", compile=True), *(
+            Contender(name, name.removesuffix("+tree"), {}, setting.k, tree=name.endswith("+tree"), compile=True)
+            for name in setting.batch_drafters))
+        prompts = [torch.randint(0, shape.vocab, (setting.prompt,), generator=generator).tolist()
+                   for _ in range(max(setting.batches))]
+        config = BatchCurveConfig(batches=setting.batches, contenders=contenders, max_new_tokens=setting.new_tokens,
+                                  repeats=setting.repeats, peers=setting.peers)
+        records = run_curve(model, prompts, config, made={name: factories[name]() for name in setting.batch_drafters})
+    batch = {"records": records, "stops_paying": stops_paying(records), "table": curve_table(records)}
+    log(batch["table"])
+    return batch
+
+
+def _peer_rows(model: Any, shape: Shape, setting: Setting, prompt: torch.Tensor, plain: dict[Any, Any],
+               bound: float, log: Callable[[str], None]) -> list[Row]:
+    """A row for each of transformers' own greedy decodings (dynamic and static cache)."""
+    rows: list[Row] = []
+    for peer in ("hf-plain", "hf-static"):
+        call = functools.partial(hf_generate, model, prompt, peer, 0, setting.new_tokens, Sampling())
+        (tokens, stats), seconds, compiled = _timed(call, setting.repeats)
+        reference = plain.get("eager", plain.get("compiled"))
+        rows.append(Row(shape.name, peer, "transformers", stats.new_tokens / seconds, 1.0, seconds / stats.steps,
+                        0.0, compiled, same_as_plain=reference is not None and tokens == reference[0],
+                        bandwidth_share=bound / (seconds / stats.new_tokens)))
+        log(f"  {peer}: {rows[-1].tokens_per_second:.1f} tokens/s")
+    return rows
 
 
 def table(results: Sequence[dict[str, Any]]) -> str:

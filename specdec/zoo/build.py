@@ -94,90 +94,37 @@ def _bytes(directory: Path) -> int:
 
 
 def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Callable[[str], None]) -> None:
-    started = time.perf_counter()
-    stages: dict[str, float] = {}  # seconds of each step of the build, in order
-    mark = [started]
-
-    def done(stage: str) -> None:
-        now = time.perf_counter()
-        stages[stage] = round(now - mark[0], 1)
-        mark[0] = now
-        say(f"  ({stage.replace('_', ' ')}: {stages[stage]:.0f} s)")
+    """Every piece of the family into `work`, then its manifest; each stage's seconds are said and kept."""
+    stages = _Stages(say)
     corpus = stdlib_corpus()
     say(f"corpus: {len(corpus.train)} training and {len(corpus.heldout)} held-out files from {corpus.root}")
-    texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
-    say(f"tokenizer: byte-level BPE, {settings.vocab_size} entries")
-    save_tokenizer(train_tokenizer(budgeted_texts(texts, settings.tokenizer_chars), settings.vocab_size),
-                   work / "tokenizer", settings.target.max_positions)
-    tokenizer = load_tokenizer(work / "tokenizer")
+    tokenizer, data = _tokenizer_and_data(work, settings, corpus, say)
+    stages.done("tokenizer_and_data")
     eos = int(tokenizer.eos_token_id)
-    data = encode_corpus(tokenizer, corpus, eos, settings.train_chars, settings.heldout_chars)
-    say(f"data: {data.train.shape[0]:,} training and {data.heldout.shape[0]:,} held-out tokens")
-    done("tokenizer_and_data")
-
-    torch.manual_seed(settings.seed)
-    target = Qwen3ForCausalLM(target_config(settings.target, settings.vocab_size, eos)).float()
-    mtp_head = create_mtp_head(target.config, settings.seed + 1)
-    train_target(target, mtp_head, data.train, settings.target_steps, show_progress)
-    with quiet_transformers():
-        target.save_pretrained(work / "target")
-    write_mtp(mtp_head, work / "target")
-    tokenizer.save_pretrained(str(work / "target"))
-    done("target")
-
-    students: list[Any] = [
-        DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
-        MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
-                             settings.seed + 3, lr=settings.student_steps.lr),
-        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4),
-        Eagle3Student.create(target, data.train, settings.seed + 5, lr=settings.eagle3_lr,
-                             draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)]
-    distill(target, students, data.train, settings.student_steps, show_progress)
-    draft, medusa, eagle, eagle3 = students
-    with quiet_transformers():
-        draft.module.save_pretrained(work / "draft-model")
-    tokenizer.save_pretrained(str(work / "draft-model"))
-    save_medusa(medusa.module, work / "medusa")
-    save_eagle(eagle.module, work / "eagle")
-    save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
-    done("students")
+    target, mtp_head = _train_target(work, settings, tokenizer, data.train, show_progress)
+    stages.done("target")
+    students = _train_students(work, settings, target, tokenizer, data.train, show_progress)
+    stages.done("students")
     say("datastore: a suffix array of the training text, for the retrieval drafter")
     build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
                              sources=[str(corpus.root)])
-    done("datastore")
-
+    stages.done("datastore")
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
-    mtp = MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())
-    figures = evaluate(target, [*students, mtp], windows)
-    temperatures = value_temperatures(target, [*students, mtp], windows)
+    learned = [*students, MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())]
+    figures = evaluate(target, learned, windows)
+    temperatures = value_temperatures(target, learned, windows)
     (work / CALIBRATION).write_text(json.dumps(temperatures, indent=2, sort_keys=True) + "\n")
-    done("evaluation")
+    stages.done("evaluation")
     acceptance = _acceptance(work, corpus, tokenizer, settings)
-    done("acceptance")
+    stages.done("acceptance")
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
     costs = _costs(work, corpus, tokenizer, settings)
-    done("draft_tax")
-    pieces: dict[str, dict[str, Any]] = {
-        "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
-        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
-                   "heldout_loss": heldout_loss(target, windows)}}
-    sizes = {"draft-model": _parameters(draft.module), "medusa": _parameters(medusa.module),
-             "eagle": _parameters(eagle.module), "eagle3": _parameters(eagle3.module), "mtp": _parameters(mtp_head)}
-    for name in LEARNED:
-        directory = "target" if name == "mtp" else name
-        pieces[name] = {"path": directory, "parameters": sizes[name],
-                        "bytes": _bytes(work / directory) if name != "mtp" else None,
-                        "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
-        if name in temperatures:
-            pieces[name]["value_temperature"] = temperatures[name]
-    for name in TRAINING_FREE:
-        pieces[name] = {"path": "datastore" if name == "retrieval" else None, **acceptance[name]}
-    pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
-    for name, figures in costs["drafters"].items():
-        pieces[name]["draft_cost"] = figures
+    stages.done("draft_tax")
+    sizes = dict(zip(LEARNED, (_parameters(student.module) for student in students))) | {"mtp": _parameters(mtp_head)}
+    pieces = _pieces(work, settings, target, windows, sizes, figures, temperatures, acceptance, costs)
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
-              "build_seconds": round(time.perf_counter() - started, 1), "stage_seconds": stages,
+              "build_seconds": stages.total(), "stage_seconds": stages.seconds,
               "threads": torch.get_num_threads(),
               "versions": software_versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
                                                   "heldout_files": data.heldout_files,
@@ -188,6 +135,97 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
               "pieces": pieces}
     (work / MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
     say(f"built in {record['build_seconds']:.0f} s")
+
+
+class _Stages:
+    """The seconds of each stage of a build, in order, each said as it ends."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.seconds: dict[str, float] = {}  # stage -> seconds, in the order the stages ended
+        self.started = self.mark = time.perf_counter()
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self.mark, 1)
+        self.mark = now
+        self.say(f"  ({stage.replace('_', ' ')}: {self.seconds[stage]:.0f} s)")
+
+    def total(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+
+def _tokenizer_and_data(work: Path, settings: ZooSettings, corpus: Corpus, say: Callable[[str], None]
+                        ) -> tuple[Any, Any]:
+    """The byte-level BPE tokenizer trained on the corpus (saved to work/tokenizer, then loaded), and
+    the corpus encoded with it (training and held-out token streams)."""
+    texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
+    say(f"tokenizer: byte-level BPE, {settings.vocab_size} entries")
+    save_tokenizer(train_tokenizer(budgeted_texts(texts, settings.tokenizer_chars), settings.vocab_size),
+                   work / "tokenizer", settings.target.max_positions)
+    tokenizer = load_tokenizer(work / "tokenizer")
+    data = encode_corpus(tokenizer, corpus, int(tokenizer.eos_token_id), settings.train_chars, settings.heldout_chars)
+    say(f"data: {data.train.shape[0]:,} training and {data.heldout.shape[0]:,} held-out tokens")
+    return tokenizer, data
+
+
+def _train_target(work: Path, settings: ZooSettings, tokenizer: Any, train: torch.Tensor, show_progress: bool
+                  ) -> tuple[Qwen3ForCausalLM, Any]:
+    """The target and its MTP head, trained together and saved to work/target with the tokenizer."""
+    torch.manual_seed(settings.seed)
+    target = Qwen3ForCausalLM(target_config(settings.target, settings.vocab_size, int(tokenizer.eos_token_id))).float()
+    mtp_head = create_mtp_head(target.config, settings.seed + 1)
+    train_target(target, mtp_head, train, settings.target_steps, show_progress)
+    with quiet_transformers():
+        target.save_pretrained(work / "target")
+    write_mtp(mtp_head, work / "target")
+    tokenizer.save_pretrained(str(work / "target"))
+    return target, mtp_head
+
+
+def _train_students(work: Path, settings: ZooSettings, target: Qwen3ForCausalLM, tokenizer: Any, train: torch.Tensor,
+                    show_progress: bool) -> list[Any]:
+    """The draft model, Medusa, EAGLE and EAGLE-3 students (LEARNED's order), distilled from the
+    target together and each saved in its own directory of `work`."""
+    students: list[Any] = [
+        DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
+        MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
+                             settings.seed + 3, lr=settings.student_steps.lr),
+        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4),
+        Eagle3Student.create(target, train, settings.seed + 5, lr=settings.eagle3_lr,
+                             draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)]
+    distill(target, students, train, settings.student_steps, show_progress)
+    draft, medusa, eagle, eagle3 = students
+    with quiet_transformers():
+        draft.module.save_pretrained(work / "draft-model")
+    tokenizer.save_pretrained(str(work / "draft-model"))
+    save_medusa(medusa.module, work / "medusa")
+    save_eagle(eagle.module, work / "eagle")
+    save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
+    return students
+
+
+def _pieces(work: Path, settings: ZooSettings, target: Qwen3ForCausalLM, windows: Any, sizes: dict[str, int],
+            figures: dict[str, Any], temperatures: dict[str, float], acceptance: dict[str, dict[str, Any]],
+            costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's entry for each piece: where it lies, its size, and what the build measured of it."""
+    pieces: dict[str, dict[str, Any]] = {
+        "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
+        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
+                   "heldout_loss": heldout_loss(target, windows)}}
+    for name in LEARNED:
+        directory = "target" if name == "mtp" else name
+        pieces[name] = {"path": directory, "parameters": sizes[name],
+                        "bytes": _bytes(work / directory) if name != "mtp" else None,
+                        "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
+        if name in temperatures:
+            pieces[name]["value_temperature"] = temperatures[name]
+    for name in TRAINING_FREE:
+        pieces[name] = {"path": "datastore" if name == "retrieval" else None, **acceptance[name]}
+    pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
+    for name, drafter_costs in costs["drafters"].items():
+        pieces[name]["draft_cost"] = drafter_costs
+    return pieces
 
 
 def _documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
