@@ -8,13 +8,12 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch pinned here only: on this project's machines this takes the local CPU wheel;
-	# pyproject.toml keeps the range open for users.
-	$(PY) -m pip install --quiet torch==2.13.0
-	# -qq: setuptools notes every editable install of a mapped package (tests/test_layout.py builds a
-	# wheel and fails on any warning, so the quiet hides nothing of ours)
-	$(PY) -m pip install -qq -e ".[dev]"
+	# torch pinned here only: on this project's machines pip takes the local CPU wheel (uv would not
+	# look there); pyproject.toml keeps the range open for users.
+	$(PY) -m pip install --quiet torch==2.13.0 uv
+	# The rest with uv, which installs it in about 4 s where pip takes 45 s; the torch above satisfies
+	# pyproject's range, so uv leaves it alone.
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -121,7 +121,7 @@ class Eagle3Drafter:
         if k > 0 and (self.tree is None or topk is not None):  # the usual draft: catch-up and draft in one step
             draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx), topk)
             if draft is not None:
-                self._real = self.steps.length - draft_entries(topk, k)  # the entries past it came from drafts
+                self._real = self.steps.length - draft_entries(topk, k, ctx)  # the entries past it came from drafts
                 return draft
         self._feed_pending(ctx)
         self._real = self.steps.length

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import chain_inputs, chain_length, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree
@@ -47,17 +47,19 @@ def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, 
                 feature: torch.Tensor) -> Draft:
     """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
     through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
-    The usual draft (k = the loop's k) is one step, one graph when compiled; a shorter one (the
-    budget's end, k=auto) runs head step by head step."""
-    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
-    if k == ctx.engine.max_draft:
-        tokens, probs = steps.chain(eagle_chain, k - 1, feature, logits, embed, positions, uniforms, ctx.sampling, k)
-    else:
+    The usual draft (k = the loop's k) is one step, one graph when compiled, and so is one the
+    budget's end cuts short (`chain_length`: the usual one, cut to k); a shorter one of k=auto runs
+    head step by head step."""
+    n = chain_length(ctx, k)
+    positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
+    if n == ctx.engine.max_draft:
+        tokens, probs = steps.chain(eagle_chain, n - 1, feature, logits, embed, positions, uniforms, ctx.sampling, n)
+        return Draft(tokens[:k], None if probs is None else probs[:k])
 
-        def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
-            return steps(1, embeds, features, position)
+    def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
+        return steps(1, embeds, features, position)
 
-        tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, ctx.sampling, k)
+    tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, ctx.sampling, k)
     return Draft(tokens, probs)
 
 
@@ -75,22 +77,24 @@ def eagle_tree(head: Any, cache: Any, root: torch.Tensor, logits: nn.Module, emb
     return topk_tree(expand, logits(root)[0], (root,), real, start, width, tree, depth)
 
 
-def draft_entries(tree: DynamicTree | None, k: int) -> int:
-    """Entries a feature-level head's draft of k writes past the real pairs: k - 1 fed-back pairs
-    for a chain, top_k per expanded depth for a top-k tree."""
-    return k - 1 if tree is None else expansions(tree, tree_depth(tree, k))
+def draft_entries(tree: DynamicTree | None, k: int, ctx: DraftContext) -> int:
+    """Entries a feature-level head's usual draft of k writes past the real pairs: n - 1 fed-back
+    pairs for a chain of n = `chain_length(ctx, k)`, top_k per expanded depth for a top-k tree."""
+    return chain_length(ctx, k) - 1 if tree is None else expansions(tree, tree_depth(tree, k))
 
 
 def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, logits: nn.Module,
                     embed: nn.Module, tree: DynamicTree | None = None) -> Draft | None:
-    """The usual draft (k = the loop's k) with the catch-up on the pairs not yet cached in the
-    same step (`HeadSteps.fed_chain`: one graph when compiled, not two): a chain, or with `tree`
-    the top-k tree (`eagle_tree`); `embed` embeds both. None when no pair is pending, or more than
-    a padded step holds (after a prefill): the caller then feeds them apart and drafts with
-    `chain_draft` or `topk_tree_draft`."""
+    """The usual draft (k = the loop's k, or a chain the budget's end cuts short: `chain_length`)
+    with the catch-up on the pairs not yet cached in the same step (`HeadSteps.fed_chain`: one graph
+    when compiled, not two): a chain, or with `tree` the top-k tree (`eagle_tree`); `embed` embeds
+    both. None when no pair is pending, or more than a padded step holds (after a prefill), or for a
+    shorter draft: the caller then feeds them apart and drafts with `chain_draft` or
+    `topk_tree_draft`. The head's cache then holds `draft_entries(tree, k, ctx)` more
+    entries than the real pairs."""
     pairs = pending_pairs(ctx, steps.length, drafter, embed)
     rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
-    if pairs is None or rows is None or k != ctx.engine.max_draft:
+    if pairs is None or rows is None or (k if tree is not None else chain_length(ctx, k)) != ctx.engine.max_draft:
         return None
     if tree is not None:
         depth = tree_depth(tree, k)
@@ -98,10 +102,11 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
         tokens, parents = steps.fed_chain(eagle_tree, rows, pairs, expansions(tree, depth), logits, embed, *inputs,
                                           tree, depth)
         return Draft(tokens, None, parents)
-    positions, uniforms = chain_inputs(ctx, k, not ctx.sampling.greedy)
-    tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, k - 1, logits, embed, positions, uniforms,
-                                    ctx.sampling, k)
-    return Draft(tokens, probs)
+    n = ctx.engine.max_draft
+    positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
+    tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, n - 1, logits, embed, positions, uniforms,
+                                    ctx.sampling, n)
+    return Draft(tokens[:k], None if probs is None else probs[:k])
 
 
 def tree_inputs(steps: HeadSteps, ctx: DraftContext, tree: DynamicTree, real: int

@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec.protocols import DraftContext
 
-__all__ = ["chain_inputs", "feed_pending", "pending_pairs", "pending_rows"]
+__all__ = ["chain_inputs", "chain_length", "feed_pending", "pending_pairs", "pending_rows"]
 
 
 def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None
@@ -39,12 +39,22 @@ def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module
 
 
 def pending_rows(pending: int, max_draft: int) -> int | None:
-    """The fixed number of rows a forward of `pending` pairs is padded to: one (the usual case
-    after a rejection), else the loop's k + 1 (after a verify accepted the whole draft); None
+    """The fixed number of rows a forward of `pending` pairs is padded to: the loop's k + 1,
+    whether one pair is pending (after a rejection) or k + 1 (after a verify accepted the whole
+    draft), so that a head's catch-up, alone or with its draft loop, is one graph and not two (a
+    one-layer head's k + 1-row forward costs about what its one-row forward does); None
     (unpadded, eager) for more than that, as after a prefill."""
-    if pending == 1:
-        return 1
     return max_draft + 1 if pending <= max_draft + 1 else None
+
+
+def chain_length(ctx: DraftContext, k: int) -> int:
+    """How many tokens a feature-level head drafts when asked for a chain of k: when compiling, the
+    loop's k if only the budget's end cuts the draft short (the usual step, one graph, its draft
+    then cut to k: a shape met once per generation compiles nothing of its own); else k (eager
+    decoding, and `k=auto`'s shorter drafts, which run step by step). Either way the chain's first
+    k tokens are drawn alike (`chain_inputs`)."""
+    left = ctx.engine.max_length - ctx.tokens.shape[0] - 1  # the most draft tokens the budget still emits
+    return ctx.engine.max_draft if ctx.engine.compile and k == left < ctx.engine.max_draft else k
 
 
 def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None
@@ -62,7 +72,10 @@ def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = Fals
 
 def chain_inputs(ctx: DraftContext, k: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain draft's positions of the fed-back pairs (d_i, f̂) [k - 1], at T - 1, T, ..., and
-    its draws' uniforms [k] from the step's generator (None when `sampled` is false)."""
+    its draws' uniforms [max(k, the loop's k)] from the step's generator (None when `sampled` is
+    false): as many whatever k, so that a chain drafted whole and cut (`chain_length`) and one
+    drafted short make the same draws, and compiled and eager decoding stay alike."""
     device = ctx.tokens.device
     positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1
-    return positions, torch.rand(k, generator=ctx.generator, device=device) if sampled else None
+    draws = max(k, ctx.engine.max_draft)
+    return positions, torch.rand(draws, generator=ctx.generator, device=device) if sampled else None

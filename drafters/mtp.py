@@ -34,7 +34,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.feature_drafts import tree_inputs
-from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import chain_inputs, chain_length, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
@@ -270,9 +270,10 @@ class MtpDrafter:
         target = ctx.target
         sampled = self.sample and not ctx.sampling.greedy
         topk = None if sampled else self.tree  # a top-k tree, unless its siblings are sampled
-        if k == ctx.engine.max_draft and (self.tree is None or topk is not None):  # catch-up and draft in one step
+        n = k if topk is not None else chain_length(ctx, k)  # a chain the budget's end cuts short: the usual one, cut
+        if n == ctx.engine.max_draft and (self.tree is None or topk is not None):  # catch-up and draft in one step
             pairs = pending_pairs(ctx, self.cache_length, "mtp")
-            rows = None if pairs is None else pending_rows(pairs[0].shape[0], k)
+            rows = None if pairs is None else pending_rows(pairs[0].shape[0], n)
             if pairs is not None and rows is not None:
                 if topk is not None:
                     depth = tree_depth(topk, k)
@@ -282,12 +283,12 @@ class MtpDrafter:
                                                            depth, self._stages(depth))
                     self._real = self.cache_length - expansions(topk, depth)  # the entries past it came from drafts
                     return Draft(tokens, None, parents)
-                positions, uniforms = chain_inputs(ctx, k, sampled)
-                tokens, probs = self.steps.fed_chain(mtp_chain, rows, (0, *pairs), k - 1, target.lm_head,
+                positions, uniforms = chain_inputs(ctx, n, sampled)
+                tokens, probs = self.steps.fed_chain(mtp_chain, rows, (0, *pairs), n - 1, target.lm_head,
                                                      target.embed_tokens, positions, uniforms, ctx.sampling,
-                                                     self._stages(k), k)
-                self._real = self.cache_length - (k - 1)
-                return Draft(tokens, probs)
+                                                     self._stages(n), n)
+                self._real = self.cache_length - (n - 1)
+                return Draft(tokens[:k], None if probs is None else probs[:k])
         self._feed_pending(ctx)
         self._real = self.cache_length
         if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
@@ -302,11 +303,12 @@ class MtpDrafter:
             return Draft(tokens, None, parents)
         if self.tree is not None:
             return self._sampled_tree(ctx, k, self._feature, self._logit_input)
-        positions, uniforms = chain_inputs(ctx, k, sampled)
-        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, ctx.sampling, self._stages(k), k)
-        if k == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled)
-            tokens, probs = self.steps.chain(mtp_chain, k - 1, *args)
-        else:  # a shorter one (the budget's end, k=auto): module step by module step
+        positions, uniforms = chain_inputs(ctx, n, sampled)
+        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, ctx.sampling, self._stages(n), n)
+        if n == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled), cut to k
+            tokens, probs = self.steps.chain(mtp_chain, n - 1, *args)
+            return Draft(tokens[:k], None if probs is None else probs[:k])
+        else:  # a shorter one (k=auto): module step by module step
 
             def head(stage: int, embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor,
                      cache: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ from transformers import LlamaConfig, PreTrainedModel
 import specdec
 from specdec import Sampling
 from specdec.drafters.eagle import EagleDrafter, EagleHead, load_eagle, save_eagle
+from specdec.drafters.feature_pairs import chain_length
 from specdec.plugins import load_registry
 
 from test_lossless_statistical import MODEL, TRUNCATED, VOCAB, chi_square_p_value, exact_distribution, sample_counts
@@ -125,7 +126,8 @@ class Spy:
     def propose(self, ctx, k):
         draft = self.inner.propose(ctx, k)
         n = draft.tokens.shape[0]
-        assert self.inner.cache_length == len(ctx.tokens) - 1 + max(n - 1, 0), (
+        drafted = chain_length(ctx, k) if n else 0  # a chain the budget's end cuts short is the usual one, cut
+        assert self.inner.cache_length == len(ctx.tokens) - 1 + max(drafted - 1, 0), (
             f"after drafting {n}: cache {self.inner.cache_length}, committed {len(ctx.tokens)}")
         self.drafts.append(draft.tokens.tolist())
         if not ctx.sampling.greedy and n:  # sampled drafts report q, normalised rows [n, V]

@@ -22,6 +22,7 @@ from specdec import Sampling
 from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.eagle3_files import load_eagle3, save_eagle3
 from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
+from specdec.drafters.feature_pairs import chain_length
 from specdec.runtime.target import CausalLM
 from specdec.verifier import DraftError
 
@@ -158,7 +159,8 @@ class Spy:
         draft = self.inner.propose(ctx, k)
         n = draft.tokens.shape[0]
         if draft.parents is None:
-            assert self.inner.cache_length == len(ctx.tokens) - 1 + max(n - 1, 0)
+            drafted = chain_length(ctx, k) if n else 0  # a chain the budget's end cuts short is the usual one, cut
+            assert self.inner.cache_length == len(ctx.tokens) - 1 + max(drafted - 1, 0)
         if not ctx.sampling.greedy and n:
             assert draft.probs is not None and draft.probs.shape == (n, ctx.vocab_size)
             outside = ~self.inner.head.t2d.to(draft.probs.device)

@@ -378,10 +378,14 @@ def test_draws_invert_the_cdf_exactly_over_a_large_vocabulary() -> None:
     bins = torch.randint(0, probs.numel(), (4000,), generator=generator)
     bins = bins[probs[bins] > 0]
     uniforms = ((start[bins] + cdf[bins]) / 2 / cdf[-1])  # the middle of each bin
-    drawn = draw(probs.expand(bins.numel(), -1), uniforms)
+
+    def drawn_at(points: torch.Tensor) -> torch.Tensor:  # a row per point, 64 rows per call (a float64 CDF each)
+        return torch.cat([draw(probs.expand(chunk.numel(), -1), chunk) for chunk in points.split(64)])
+
+    drawn = drawn_at(uniforms)
     assert torch.equal(drawn, bins), f"{int((drawn != bins).sum())} of {bins.numel()} draws left their bin"
     zero = torch.arange(0, probs.numel(), 97)[:500]  # a uniform at a zero-width bin's place lands past it
-    landed = draw(probs.expand(zero.numel(), -1), (start[zero] / cdf[-1]).clamp(max=1 - 1e-12))
+    landed = drawn_at((start[zero] / cdf[-1]).clamp(max=1 - 1e-12))
     assert bool((probs[landed] > 0).all())
 
 

@@ -97,17 +97,15 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_target, zoo
             assert long - short == long_steps - short_steps, f"{name} {sampling}: host reads {reads}"
 
 
-def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, quick_target, monkeypatch) -> None:
+def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_target, zoo_drafter, monkeypatch) -> None:
     """EAGLE, EAGLE-3 and MTP catch up on the accepted tokens and draft their chain, or their
     greedy top-k tree (`specdec.drafters.tree_graph`), in one step (`HeadSteps.fed_chain`),
     compiled or not: every draft of the loop's k tokens after the first (which follows the
     prefill, with nothing to catch up on) is one drafter call, and the tokens are plain greedy
     decoding's."""
-    from specdec import zoo
     from specdec.runtime import engine
 
     model = quick_target
-    options = zoo.drafter_options(quick_zoo)
     prompt = list(range(3, 40))
     plain = specdec.generate(model, prompt, max_new_tokens=40).tokens
     calls: list[str] = []
@@ -119,20 +117,21 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_zoo, q
 
     monkeypatch.setattr(engine.Step, "__call__", counted)
     for name, tree in [(name, tree) for name in ("eagle", "eagle3", "mtp") for tree in (False, True)]:
-        drafter = specdec.make_drafter(name, **options[name], tree=tree)
-        propose = drafter.propose
-        drafts: list[tuple[int, list[str]]] = []  # (k asked, the drafter's step calls)
-
-        def watched(ctx, k, _propose=propose):
-            before = len(calls)
-            draft = _propose(ctx, k)
-            drafts.append((k, calls[before:]))
-            return draft
-
-        drafter.propose = watched
         for compile in (False, True):
-            drafts.clear()
-            result = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, compile=compile)
+            drafter = zoo_drafter(name, compile, **({"tree": True} if tree else {}))  # the other tests' drafters
+            drafts: list[tuple[int, list[str]]] = []  # (k asked, the drafter's step calls)
+
+            def watched(ctx, k, _propose=drafter.propose, _drafts=drafts):
+                before = len(calls)
+                draft = _propose(ctx, k)
+                _drafts.append((k, calls[before:]))
+                return draft
+
+            drafter.propose = watched
+            try:
+                result = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=40, compile=compile)
+            finally:
+                del drafter.propose  # the shared drafter's own method again
             assert result.tokens == plain, f"{name}, tree={tree}, compile={compile}"
             full = [made for k, made in drafts[1:] if k == 4]
             assert len(full) >= 5, f"{name}, tree={tree}: too few full drafts to judge: {drafts}"

@@ -19,6 +19,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedMode
 
 import specdec
 from specdec import Sampling, plugins
+from specdec.drafters.feature_pairs import chain_length
 from specdec.drafters.mtp import MtpDrafter, MtpHead, load_mtp, mtp_checkpoint_keys
 
 from test_lossless_statistical import MODEL, TRUNCATED, chi_square_p_value, exact_distribution, sample_counts
@@ -121,7 +122,8 @@ class Spy:
     def propose(self, ctx, k):
         draft = self.inner.propose(ctx, k)
         n = draft.tokens.shape[0]
-        assert self.inner.cache_length == len(ctx.tokens) - 1 + max(n - 1, 0), (
+        drafted = chain_length(ctx, k) if n else 0  # a chain the budget's end cuts short is the usual one, cut
+        assert self.inner.cache_length == len(ctx.tokens) - 1 + max(drafted - 1, 0), (
             f"after drafting {n}: cache {self.inner.cache_length}, committed {len(ctx.tokens)}")
         self.drafts.append(draft.tokens.tolist())
         if self.inner.sample and not ctx.sampling.greedy and n:

@@ -206,11 +206,14 @@ def verify(run: Run, proposal: Proposal) -> Block:
 
 def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
                   ) -> tuple[Verdict | None, int, torch.Tensor | None, torch.Tensor]:
-    """The chain's verify forward, padded to k + 1 rows (one row for an empty draft), and its
-    verdict, read back in one transfer with the first stop id and the draft's faults (no verdict
-    on a rank whose draft was not the leader's)."""
+    """The chain's verify forward, padded to k + 1 rows (one row for an empty draft of a drafter
+    that reads no hidden states: plain decoding, n-gram without a match), and its verdict, read
+    back in one transfer with the first stop id and the draft's faults (no verdict on a rank whose
+    draft was not the leader's)."""
     lm, n = run.lm, drafted.shape[0]
-    rows = run.engine.max_draft + 1 if n and lm.static else n + 1  # one shape for every draft, one for none
+    # one shape for every draft, one for none; a drafter reading hidden states drafts nothing only at
+    # the budget's end, which takes the drafts' shape rather than a graph of its own
+    rows = run.engine.max_draft + 1 if (n or run.layers) and lm.static else n + 1
     ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
     logits, hidden = lm.forward(ids, keep=rows, hidden=run.layers, rows=rows)
     logits = logits[: n + 1]  # (n + 1, V)
