@@ -1,6 +1,6 @@
 """Shared test settings: a derandomized hypothesis profile for CI, how pytest-xdist hands the files
-to the two workers, and the fixtures built once per run (the quick zoo, its target and drafters,
-the play server and playground)."""
+to the two workers, the count of graphs torch.compile built printed at the end, and the fixtures
+built once per run (the quick zoo, its target and drafters, the play server and playground)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     config.option.loadscopereorder = False
     return Scheduling(config, log)
+
+
+# What the suite compiled: inductor's graphs built and those loaded from its on-disk cache, summed
+# over the workers and printed at the end (docs/working.md: compare counts, not only seconds).
+_COMPILED = pytest.StashKey[list[int]]()
+
+
+def _inductor_counts() -> list[int]:
+    """[graphs inductor built, graphs it loaded from its cache] in this process (none before dynamo is imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return [0, 0]
+    counts = utils.counters["inductor"]
+    return [int(counts["fxgraph_cache_miss"]), int(counts["fxgraph_cache_hit"])]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand its counts to the controller (`pytest_testnodedown`)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["inductor_graphs"] = _inductor_counts()
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on the controller
+def pytest_testnodedown(node: object, error: object) -> None:
+    counts = getattr(node, "workeroutput", {}).get("inductor_graphs", [0, 0])
+    total = node.config.stash.setdefault(_COMPILED, [0, 0])  # type: ignore[attr-defined]
+    total[0], total[1] = total[0] + counts[0], total[1] + counts[1]
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    built, loaded = config.stash.get(_COMPILED, None) or _inductor_counts()
+    terminalreporter.write_line(  # type: ignore[attr-defined]
+        f"torch.compile: inductor built {built} graphs and loaded {loaded} from its cache")
 
 
 def run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
