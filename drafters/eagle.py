@@ -34,7 +34,7 @@ from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
-                                             topk_tree_draft)
+                                             shallower_tree, topk_tree_draft)
 from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
@@ -215,7 +215,7 @@ class EagleDrafter:
             if draft is not None:
                 self._real = self.steps.length - draft_entries(topk, k, ctx)  # the entries past it came from drafts
                 return draft
-        self._feed_pending(ctx)
+        self._feed_pending(ctx, eager=shallower_tree(topk, ctx, k))
         self._real = self.steps.length
         if k <= 0 or self._feature is None:  # a 1-token prompt: nothing to draft from yet
             return Draft(ctx.tokens[:0])

@@ -22,7 +22,7 @@ from torch import nn
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
-                                             topk_tree_draft)
+                                             shallower_tree, topk_tree_draft)
 from specdec.drafters.feature_pairs import feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_search import tree_settings
@@ -123,7 +123,7 @@ class Eagle3Drafter:
             if draft is not None:
                 self._real = self.steps.length - draft_entries(topk, k, ctx)  # the entries past it came from drafts
                 return draft
-        self._feed_pending(ctx)
+        self._feed_pending(ctx, eager=shallower_tree(topk, ctx, k))
         self._real = self.steps.length
         if k <= 0 or self._out is None:
             return Draft(ctx.tokens[:0])

@@ -22,7 +22,7 @@ from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
 __all__ = ["chain_draft", "draft_entries", "eagle_chain", "eagle_tree", "fed_chain_draft", "sampled_tree_draft",
-           "topk_tree_draft", "tree_inputs"]
+           "shallower_tree", "topk_tree_draft", "tree_inputs"]
 
 
 def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module, embed: nn.Module,
@@ -119,14 +119,21 @@ def tree_inputs(steps: HeadSteps, ctx: DraftContext, tree: DynamicTree, real: in
             torch.tensor(ctx.tokens.shape[0] - 2).to(device, non_blocking=True), width)
 
 
+def shallower_tree(tree: DynamicTree | None, ctx: DraftContext, k: int) -> bool:
+    """Whether a greedy top-k tree drafted for k (None: no such tree) is shallower than the usual
+    one, as at the budget's end: a shape met once per generation, so it runs eagerly, and so does
+    the catch-up on the pending pairs before it."""
+    return tree is not None and tree_depth(tree, k) != tree_depth(tree, ctx.engine.max_draft)
+
+
 def topk_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
                     embed: nn.Module, root: torch.Tensor) -> Draft:
     """An EAGLE-2 top-k tree from the root's output [1, H] on top of the real entries, as one step
     (one graph when compiled; a shallower tree than usual, at the budget's end, runs eagerly)."""
     depth = tree_depth(tree, k)
-    usual = depth == tree_depth(tree, ctx.engine.max_draft)
     tokens, parents = steps.chain(eagle_tree, expansions(tree, depth), root, logits, embed,
-                                  *tree_inputs(steps, ctx, tree, steps.length), tree, depth, eager=not usual)
+                                  *tree_inputs(steps, ctx, tree, steps.length), tree, depth,
+                                  eager=shallower_tree(tree, ctx, k))
     return Draft(tokens, None, parents)
 
 

@@ -53,8 +53,10 @@ def chain_length(ctx: DraftContext, k: int) -> int:
     then cut to k: a shape met once per generation compiles nothing of its own); else k (eager
     decoding, and `k=auto`'s shorter drafts, which run step by step). Either way the chain's first
     k tokens are drawn alike (`chain_inputs`)."""
-    left = ctx.engine.max_length - ctx.tokens.shape[0] - 1  # the most draft tokens the budget still emits
-    return ctx.engine.max_draft if ctx.engine.compile and k == left < ctx.engine.max_draft else k
+    if ctx.budget is None or not ctx.engine.compile or k <= 0:
+        return k
+    left = ctx.budget - 1  # the most draft tokens the budget still lets the verify emit
+    return ctx.engine.max_draft if k == left < ctx.engine.max_draft else k
 
 
 def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None

@@ -33,7 +33,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from specdec.checkpoints import resolve_checkpoint
-from specdec.drafters.feature_drafts import tree_inputs
+from specdec.drafters.feature_drafts import shallower_tree, tree_inputs
 from specdec.drafters.feature_pairs import chain_inputs, chain_length, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_head import MtpHead, MtpStage
@@ -289,17 +289,17 @@ class MtpDrafter:
                                                      self._stages(n), n)
                 self._real = self.cache_length - (n - 1)
                 return Draft(tokens[:k], None if probs is None else probs[:k])
-        self._feed_pending(ctx)
+        self._feed_pending(ctx, eager=shallower_tree(topk, ctx, k))
         self._real = self.cache_length
         if k <= 0 or self._feature is None or self._logit_input is None:  # nothing to draft from yet
             return Draft(ctx.tokens[:0])
         out = (self._feature, self._logit_input)
         if topk is not None:
             depth = tree_depth(topk, k)
-            usual = depth == tree_depth(topk, ctx.engine.max_draft)  # else eagerly: a shape met once
             tokens, parents = self.steps.chain(mtp_tree, expansions(topk, depth), out, target.lm_head,
                                                target.embed_tokens, *tree_inputs(self.steps, ctx, topk, self._real),
-                                               topk, depth, self._stages(depth), eager=not usual)
+                                               topk, depth, self._stages(depth),
+                                               eager=shallower_tree(topk, ctx, k))  # a shape met once
             return Draft(tokens, None, parents)
         if self.tree is not None:
             return self._sampled_tree(ctx, k, self._feature, self._logit_input)

@@ -39,6 +39,9 @@ class DraftContext:
         extra rows of the draft just verified (`Draft.extra`), in its order, padding left
         out; None when that draft carried none or the target could not run them. The same
         value is passed to `commit` and to the next `propose`.
+    budget: how many tokens this sequence may still emit, this step's included (None when the
+        caller does not say); a drafter asked for fewer than the loop's k tokens tells from it
+        whether the budget's end cut the draft short.
     """
 
     tokens: torch.Tensor
@@ -50,6 +53,7 @@ class DraftContext:
     accepted: tuple[int, ...] = ()
     engine: Engine = Engine()
     extra_logits: torch.Tensor | None = None
+    budget: int | None = None
 
 
 @runtime_checkable

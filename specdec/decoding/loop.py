@@ -7,8 +7,9 @@ the drafter to the committed sequence, `record` the counters and the trace. Plai
 code path for EOS, budgets and statistics. Eager and compiled decoding share it too: they
 differ only in whether the fixed-shape steps underneath run compiled (`specdec.runtime.engine`).
 
-Shapes stay fixed: a chain's verify is padded to k + 1 rows (one row when nothing was drafted),
-a tree's to its node budget, so a run compiles a few graphs whatever its drafts. A chain step
+Shapes stay fixed: a chain's verify is padded to k + 1 rows (one row when a drafter reading no
+hidden states drafted nothing), a tree's to its node budget, so a run compiles a few graphs
+whatever its drafts. A chain step
 reads back from the device once: the number accepted and where a stop id fell.
 
 A draft may carry extra rows (`Draft.extra`, e.g. lookahead decoding's Jacobi rows): they ride
@@ -211,8 +212,9 @@ def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
     back in one transfer with the first stop id and the draft's faults (no verdict on a rank whose
     draft was not the leader's)."""
     lm, n = run.lm, drafted.shape[0]
-    # one shape for every draft, one for none; a drafter reading hidden states drafts nothing only at
-    # the budget's end, which takes the drafts' shape rather than a graph of its own
+    # one shape for every draft, one for none; a drafter reading hidden states drafts nothing only
+    # rarely (at the budget's end, or before it has a state to draft from), which takes the k + 1-row
+    # shape rather than a graph of its own
     rows = run.engine.max_draft + 1 if (n or run.layers) and lm.static else n + 1
     ids = run.tokens[run.length - 1 : run.length - 1 + rows].clone()  # the rows past the draft are padding
     logits, hidden = lm.forward(ids, keep=rows, hidden=run.layers, rows=rows)
@@ -343,7 +345,7 @@ def _verify_tree(tree: TreeLogits, draft_: Draft, parents: list[int], sampling: 
 def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...],
              extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(run.tokens[: run.length], run.sampling, run.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine, extra_logits)
+                        accepted, run.engine, extra_logits, run.max_new_tokens - run.produced)
 
 
 def _call(run: Run, method: str, *args: Any) -> Any:
