@@ -9,8 +9,8 @@ differ only in whether the fixed-shape steps underneath run compiled (`specdec.r
 
 Shapes stay fixed: a chain's verify is padded to k + 1 rows (one row when a drafter reading no
 hidden states drafted nothing), a tree's to its node budget, so a run compiles a few graphs
-whatever its drafts. A chain step
-reads back from the device once: the number accepted and where a stop id fell.
+whatever its drafts. A chain step reads back from the device once: the number accepted and
+where a stop id fell.
 
 A draft may carry extra rows (`Draft.extra`, e.g. lookahead decoding's Jacobi rows): they ride
 the same tree forward after the tree's rows, padded to the drafter's declared `extra_rows()`
