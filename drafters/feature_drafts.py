@@ -21,8 +21,8 @@ from specdec.sampling import pick
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
-__all__ = ["chain_draft", "draft_entries", "eagle_chain", "eagle_tree", "fed_chain_draft", "sampled_tree_draft",
-           "shallower_tree", "topk_tree_draft", "tree_inputs"]
+__all__ = ["chain_draft", "cut_chain", "draft_entries", "eagle_chain", "eagle_tree", "fed_chain_draft",
+           "sampled_tree_draft", "shallower_tree", "topk_tree_draft", "tree_inputs"]
 
 
 def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module, embed: nn.Module,
@@ -43,6 +43,11 @@ def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
+def cut_chain(tokens: torch.Tensor, probs: torch.Tensor | None, k: int) -> Draft:
+    """The first k tokens [k] of a chain drafted to `chain_length` and their q rows [k, V]."""
+    return Draft(tokens[:k], None if probs is None else probs[:k])
+
+
 def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
                 feature: torch.Tensor) -> Draft:
     """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
@@ -54,7 +59,7 @@ def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, 
     positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
     if n == ctx.engine.max_draft:
         tokens, probs = steps.chain(eagle_chain, n - 1, feature, logits, embed, positions, uniforms, ctx.sampling, n)
-        return Draft(tokens[:k], None if probs is None else probs[:k])
+        return cut_chain(tokens, probs, k)
 
     def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
         return steps(1, embeds, features, position)
@@ -106,7 +111,7 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
     positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
     tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, n - 1, logits, embed, positions, uniforms,
                                     ctx.sampling, n)
-    return Draft(tokens[:k], None if probs is None else probs[:k])
+    return cut_chain(tokens, probs, k)
 
 
 def tree_inputs(steps: HeadSteps, ctx: DraftContext, tree: DynamicTree, real: int

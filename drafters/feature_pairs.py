@@ -41,9 +41,9 @@ def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module
 def pending_rows(pending: int, max_draft: int) -> int | None:
     """The fixed number of rows a forward of `pending` pairs is padded to: the loop's k + 1,
     whether one pair is pending (after a rejection) or k + 1 (after a verify accepted the whole
-    draft), so that a head's catch-up, alone or with its draft loop, is one graph and not two (a
-    one-layer head's k + 1-row forward costs about what its one-row forward does); None
-    (unpadded, eager) for more than that, as after a prefill."""
+    draft), so that a head's catch-up, alone or with its draft loop, is one graph and not two (the
+    padding's cost is measured in docs/engine.md, "Fixed shapes"); None (unpadded, eager) for
+    more than that, as after a prefill."""
     return max_draft + 1 if pending <= max_draft + 1 else None
 
 

@@ -111,7 +111,7 @@ def drafter_factories(target: PreTrainedModel, directory: Path, names: Sequence[
 
     from specdec.drafters.eagle import save_eagle
     from specdec.drafters.medusa import MedusaHeads, save_medusa
-    from specdec.drafters.mtp import mtp_checkpoint_keys
+    from specdec.drafters.mtp_files import mtp_checkpoint_keys
     from specdec.plugins import make_drafter
     from specdec.training.eagle import EagleStudent
     from specdec.training.mtp import create_mtp_head

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.mtp import INDEX, SAFETENSORS, MtpHead, load_mtp, mtp_checkpoint_keys
+from specdec.drafters.mtp_files import INDEX, SAFETENSORS, load_mtp, mtp_checkpoint_keys
+from specdec.drafters.mtp_head import MtpHead
 from specdec.export.fit import target_config
 from specdec.export.layouts import layout_for
 from specdec.staging import write_json

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.drafters.mtp import MtpHead, mtp_checkpoint_keys
+from specdec.drafters.mtp_files import mtp_checkpoint_keys
+from specdec.drafters.mtp_head import MtpHead
 from specdec.training.eagle import feature_pairs
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
 from specdec.training.teacher import TeacherBatch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from specdec.drafters.mtp import MtpHead
+from specdec.drafters.mtp_head import MtpHead
 from specdec.training.data import WindowSampler
 from specdec.training.losses import next_token_loss
 from specdec.training.mtp import mtp_hidden
