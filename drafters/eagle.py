@@ -35,7 +35,7 @@ from transformers.masking_utils import create_causal_mask
 
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
                                              shallower_tree, topk_tree_draft)
-from specdec.drafters.feature_pairs import feed_pending
+from specdec.drafters.feature_pairs import PREFILL_HOLD, feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.layers import decoder_layer_classes
 from specdec.drafters.tree_search import tree_settings
@@ -200,11 +200,11 @@ class EagleDrafter:
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = None
-        self._feed_pending(ctx, eager=True)
+        self._feed_pending(ctx, eager=True, hold=PREFILL_HOLD)  # the last pair waits for the first draft
 
-    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False, hold: int = 0) -> None:
         """Feed the real pairs (x_{j+1}, f_j) not yet in the cache; keep the last predicted feature."""
-        out = feed_pending(self.steps, ctx, "eagle", eager)
+        out = feed_pending(self.steps, ctx, "eagle", eager, hold=hold)
         if out is not None:
             self._feature = out
 

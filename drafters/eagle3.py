@@ -23,7 +23,7 @@ from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
                                              shallower_tree, topk_tree_draft)
-from specdec.drafters.feature_pairs import feed_pending
+from specdec.drafters.feature_pairs import PREFILL_HOLD, feed_pending
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_search import tree_settings
 from specdec.protocols import DraftContext
@@ -108,11 +108,11 @@ class Eagle3Drafter:
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._out = None
-        self._feed_pending(ctx, eager=True)
+        self._feed_pending(ctx, eager=True, hold=PREFILL_HOLD)  # the last pair waits for the first draft
 
-    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False, hold: int = 0) -> None:
         """Feed the real pairs (x_{j+1}, fused states at j) not yet cached; keep the last output."""
-        out = feed_pending(self.steps, ctx, "eagle3", eager, embed=self._embed(ctx))
+        out = feed_pending(self.steps, ctx, "eagle3", eager, embed=self._embed(ctx), hold=hold)
         if out is not None:
             self._out = out
 

@@ -14,28 +14,36 @@ from typing import Any
 
 from specdec.protocols import DraftContext
 
-__all__ = ["chain_inputs", "chain_length", "feed_pending", "pending_pairs", "pending_rows"]
+__all__ = ["PREFILL_HOLD", "chain_inputs", "chain_length", "feed_pending", "pending_pairs", "pending_rows"]
 
 
-def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None
+def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None, hold: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """Embeddings [P, H], features [P, F] and positions [P] of the real pairs not yet cached;
-    `embed` is the drafter's own embedding (default: the target's).
+    """Embeddings [P, H], features [P, F] and positions [P] of the real pairs not yet cached,
+    but the last `hold` of them; `embed` is the drafter's own embedding (default: the target's).
 
-    None when every pair is cached. Raises when the loop passed fewer hidden-state rows than
+    None when no such pair is left. Raises when the loop passed fewer hidden-state rows than
     pairs are missing (a drafter without `uses_hidden_states = True`).
     """
     start, end = cached, ctx.tokens.shape[0] - 1  # positions j in [start, end)
-    if end <= start:
+    if end - hold <= start:
         return None
     states = ctx.hidden_states
     if states is None or states.shape[0] < end - start:
         rows = None if states is None else states.shape[0]
         raise RuntimeError(f"{drafter}: {end - start} target hidden states needed, got {rows}; the loop "
                            "must pass uses_hidden_states rows for every processed position")
-    features = states[states.shape[0] - (end - start) :]  # (P, H) f_start .. f_{end-1}
+    features = states[states.shape[0] - (end - start) : states.shape[0] - hold]  # (P, H) f_start .. f_{end-hold-1}
+    end -= hold
     embeds = (ctx.target.embed_tokens if embed is None else embed)(ctx.tokens[start + 1 : end + 1])  # (P, H)
     return embeds, features, torch.arange(start, end, device=features.device)
+
+
+PREFILL_HOLD = 1
+"""Pairs a feature-level head's prefill leaves pending: the prompt's last pair is fed by the first
+draft's catch-up-and-draft step (`HeadSteps.fed_chain`), the step every later draft runs, so that a
+compiled generation builds one graph for the head's usual draft and not a second one (a draft loop
+without a catch-up) for its first draft alone."""
 
 
 def pending_rows(pending: int, max_draft: int) -> int | None:
@@ -59,13 +67,13 @@ def chain_length(ctx: DraftContext, k: int) -> int:
     return ctx.engine.max_draft if k == left < ctx.engine.max_draft else k
 
 
-def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None
-                 ) -> torch.Tensor | None:
-    """Run the real pairs not yet cached through a head's fixed-shape steps
-    (`specdec.drafters.head_steps.HeadSteps`: padded to `pending_rows`, or eagerly and unpadded
-    when `eager`, as after a prefill); return the head's output at the last of them [1, H], or
-    None when every pair is cached."""
-    pairs = pending_pairs(ctx, steps.length, drafter, embed)
+def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None,
+                 hold: int = 0) -> torch.Tensor | None:
+    """Run the real pairs not yet cached, but the last `hold` (`prefill_hold`), through a head's
+    fixed-shape steps (`specdec.drafters.head_steps.HeadSteps`: padded to `pending_rows`, or
+    eagerly and unpadded when `eager`, as in a prefill); return the head's output at the last of
+    them [1, H], or None when no pair was fed."""
+    pairs = pending_pairs(ctx, steps.length, drafter, embed, hold)
     if pairs is None:
         return None
     rows = None if eager else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)

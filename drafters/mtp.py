@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.feature_drafts import cut_chain, shallower_tree, tree_inputs
-from specdec.drafters.feature_pairs import chain_inputs, chain_length, pending_pairs, pending_rows
+from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_inputs, chain_length, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_files import INDEX, SAFETENSORS, load_mtp, mtp_checkpoint_keys
 from specdec.drafters.mtp_head import MtpHead, MtpStage
@@ -133,11 +133,11 @@ class MtpDrafter:
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = self._logit_input = None
-        self._feed_pending(ctx, eager=True)
+        self._feed_pending(ctx, eager=True, hold=PREFILL_HOLD)  # the last pair waits for the first draft
 
-    def _feed_pending(self, ctx: DraftContext, eager: bool = False) -> None:
+    def _feed_pending(self, ctx: DraftContext, eager: bool = False, hold: int = 0) -> None:
         """Feed the real pairs (x_{j+1}, h_j) not yet in the cache through stage 0."""
-        pairs = pending_pairs(ctx, self.cache_length, "mtp")
+        pairs = pending_pairs(ctx, self.cache_length, "mtp", hold=hold)
         if pairs is not None:
             embeds, features, positions = pairs
             rows = None if eager else pending_rows(embeds.shape[0], ctx.engine.max_draft)

@@ -22,7 +22,7 @@ from specdec import Sampling
 from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.eagle3_files import load_eagle3, save_eagle3
 from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
-from specdec.drafters.feature_pairs import chain_length
+from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_length
 from specdec.runtime.target import CausalLM
 from specdec.verifier import DraftError
 
@@ -153,7 +153,7 @@ class Spy:
 
     def prefill(self, ctx) -> None:
         self.inner.prefill(ctx)
-        assert self.inner.cache_length == len(ctx.tokens) - 1
+        assert self.inner.cache_length == max(len(ctx.tokens) - 1 - PREFILL_HOLD, 0)  # every pair but the last
 
     def propose(self, ctx, k):
         draft = self.inner.propose(ctx, k)
