@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import PreTrainedModel
 
+from specdec.drafters.chains import chain_length, chain_uniforms, cut_chain
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
 from specdec.protocols import DraftContext
 from specdec.runtime.forward import model_forward
@@ -74,8 +75,8 @@ class DraftModelDrafter:
     keys and values of the accepted path are gathered into place in its cache (they are exact:
     the draft model saw those very tokens), so nothing is recomputed. Options as for eagle; at
     temperature > 0 the siblings are i.i.d. samples, as for eagle. Its cache is static and its
-    steps fixed-shape like the target's (one row, k + 1 rows, top_k tree rows), compiled when
-    the generation compiles.
+    steps fixed-shape like the target's (k + 1 rows, one row, top_k tree rows), compiled when
+    the generation compiles; a chain's feed and its whole draft loop are one step.
     """
 
     name: ClassVar[str] = "draft-model"
@@ -120,9 +121,13 @@ class DraftModelDrafter:
         return k if self.tree is None else self.tree.total_tokens
 
     def _feed(self, pending: torch.Tensor) -> torch.Tensor:
-        """Run the committed ids not yet in the cache (one, or up to k + 1 padded to that); (1, V)."""
-        rows = 1 if pending.shape[0] == 1 else self._max_draft + 1 if pending.shape[0] <= self._max_draft + 1 else None
-        return self.lm.forward(pending, keep=1, rows=rows)[0]
+        """Run the committed ids not yet in the cache (one after a rejection, two after a full
+        acceptance, padded to k + 1 either way: one graph); (1, V)."""
+        return self.lm.forward(pending, keep=1, rows=self._feed_rows(pending))[0]
+
+    def _feed_rows(self, pending: torch.Tensor) -> int | None:
+        """The fixed rows a feed of `pending` ids is padded to: k + 1 (None, unpadded, for more)."""
+        return self._max_draft + 1 if pending.shape[0] <= self._max_draft + 1 else None
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         self._committed = ctx.tokens.shape[0]
@@ -138,16 +143,21 @@ class DraftModelDrafter:
                 raise ValueError(f"draft-model: tree=True needs a draft model that can run tree forwards, but "
                                  f"{type(self.lm.model).__name__} cannot: {obstacle}")
             return self._propose_tree(ctx, k, pending)
+        n = chain_length(ctx, k)  # a chain the budget's end cuts short: the usual one, cut to k
+        if self.lm.max_positions is not None and self._committed + n > self.lm.max_positions:
+            n = k
+        uniforms = chain_uniforms(ctx, n, not ctx.sampling.greedy)
+        rows = self._feed_rows(pending)
+        if n == self._max_draft and self.lm.static and rows is not None:  # the usual draft: feed and loop, one step
+            tokens, probs = self.lm.fed_chain(draft_chain, pending, rows, n - 1, uniforms, ctx.sampling, n)
+            return cut_chain(tokens, probs, k)
         logits = self._feed(pending)  # (1, V)
-        uniforms = None if ctx.sampling.greedy else torch.rand(k, generator=ctx.generator, device=logits.device)
-        if k == self._max_draft and self.lm.static:  # the usual draft: the whole loop in one step
-            tokens, probs = self.lm.chain(draft_chain, k - 1, logits, uniforms, ctx.sampling, k)
-        else:  # a shorter one (the budget's end, k=auto), or a model on a dynamic cache: forward by forward
+        # a shorter chain (k=auto), or a model on a dynamic cache: forward by forward
 
-            def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
-                return self.lm.forward(token, keep=1, rows=1)[0]
+        def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
+            return self.lm.forward(token, keep=1, rows=1)[0]
 
-            tokens, probs = draft_chain(None, None, logits, uniforms, ctx.sampling, k, step)
+        tokens, probs = draft_chain(None, None, logits, uniforms, ctx.sampling, k, step)
         return Draft(tokens, probs)
 
     def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:

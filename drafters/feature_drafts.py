@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.drafters.feature_pairs import chain_inputs, chain_length, pending_pairs, pending_rows
+from specdec.drafters.chains import chain_length, cut_chain
+from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
 from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree
@@ -21,7 +22,7 @@ from specdec.sampling import pick
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
-__all__ = ["chain_draft", "cut_chain", "draft_entries", "eagle_chain", "eagle_tree", "fed_chain_draft",
+__all__ = ["chain_draft", "draft_entries", "eagle_chain", "eagle_tree", "fed_chain_draft",
            "sampled_tree_draft", "shallower_tree", "topk_tree_draft", "tree_inputs"]
 
 
@@ -41,11 +42,6 @@ def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module
         if i + 1 < k:  # the feature after the last draft is never needed
             feature = head(embed(token), feature, positions[i : i + 1], cache)  # (1, H)
     return torch.cat(tokens), torch.cat(rows) if rows else None
-
-
-def cut_chain(tokens: torch.Tensor, probs: torch.Tensor | None, k: int) -> Draft:
-    """The first k tokens [k] of a chain drafted to `chain_length` and their q rows [k, V]."""
-    return Draft(tokens[:k], None if probs is None else probs[:k])
 
 
 def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,

@@ -12,9 +12,10 @@ from torch import nn
 
 from typing import Any
 
+from specdec.drafters.chains import chain_uniforms
 from specdec.protocols import DraftContext
 
-__all__ = ["PREFILL_HOLD", "chain_inputs", "chain_length", "feed_pending", "pending_pairs", "pending_rows"]
+__all__ = ["PREFILL_HOLD", "chain_inputs", "feed_pending", "pending_pairs", "pending_rows"]
 
 
 def pending_pairs(ctx: DraftContext, cached: int, drafter: str, embed: nn.Module | None = None, hold: int = 0
@@ -55,18 +56,6 @@ def pending_rows(pending: int, max_draft: int) -> int | None:
     return max_draft + 1 if pending <= max_draft + 1 else None
 
 
-def chain_length(ctx: DraftContext, k: int) -> int:
-    """How many tokens a feature-level head drafts when asked for a chain of k: when compiling, the
-    loop's k if only the budget's end cuts the draft short (the usual step, one graph, its draft
-    then cut to k: a shape met once per generation compiles nothing of its own); else k (eager
-    decoding, and `k=auto`'s shorter drafts, which run step by step). Either way the chain's first
-    k tokens are drawn alike (`chain_inputs`)."""
-    if ctx.budget is None or not ctx.engine.compile or k <= 0:
-        return k
-    left = ctx.budget - 1  # the most draft tokens the budget still lets the verify emit
-    return ctx.engine.max_draft if k == left < ctx.engine.max_draft else k
-
-
 def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None,
                  hold: int = 0) -> torch.Tensor | None:
     """Run the real pairs not yet cached, but the last `hold` (`prefill_hold`), through a head's
@@ -82,10 +71,6 @@ def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = Fals
 
 def chain_inputs(ctx: DraftContext, k: int, sampled: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain draft's positions of the fed-back pairs (d_i, f̂) [k - 1], at T - 1, T, ..., and
-    its draws' uniforms [max(k, the loop's k)] from the step's generator (None when `sampled` is
-    false): as many whatever k, so that a chain drafted whole and cut (`chain_length`) and one
-    drafted short make the same draws, and compiled and eager decoding stay alike."""
-    device = ctx.tokens.device
-    positions = torch.arange(k - 1, device=device) + ctx.tokens.shape[0] - 1
-    draws = max(k, ctx.engine.max_draft)
-    return positions, torch.rand(draws, generator=ctx.generator, device=device) if sampled else None
+    its draws' uniforms (`specdec.drafters.chains.chain_uniforms`; None when `sampled` is false)."""
+    positions = torch.arange(k - 1, device=ctx.tokens.device) + ctx.tokens.shape[0] - 1
+    return positions, chain_uniforms(ctx, k, sampled)

@@ -22,8 +22,9 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
-from specdec.drafters.feature_drafts import cut_chain, shallower_tree, tree_inputs
-from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_inputs, chain_length, pending_pairs, pending_rows
+from specdec.drafters.chains import chain_length, cut_chain
+from specdec.drafters.feature_drafts import shallower_tree, tree_inputs
+from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_files import INDEX, SAFETENSORS, load_mtp, mtp_checkpoint_keys
 from specdec.drafters.mtp_head import MtpHead, MtpStage

@@ -17,7 +17,8 @@ from transformers import LlamaConfig, PreTrainedModel
 import specdec
 from specdec import Sampling
 from specdec.drafters.eagle import EagleDrafter, EagleHead, load_eagle, save_eagle
-from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_length
+from specdec.drafters.chains import chain_length
+from specdec.drafters.feature_pairs import PREFILL_HOLD
 from specdec.plugins import load_registry
 
 from test_lossless_statistical import MODEL, TRUNCATED, VOCAB, chi_square_p_value, exact_distribution, sample_counts

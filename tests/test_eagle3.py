@@ -22,7 +22,8 @@ from specdec import Sampling
 from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.eagle3_files import load_eagle3, save_eagle3
 from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
-from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_length
+from specdec.drafters.chains import chain_length
+from specdec.drafters.feature_pairs import PREFILL_HOLD
 from specdec.runtime.target import CausalLM
 from specdec.verifier import DraftError
 

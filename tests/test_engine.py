@@ -164,8 +164,9 @@ def test_compiled_sampling_is_lossless() -> None:
 def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     """100 tokens, k varying from step to step, an EOS inside an accepted block: one graph per
     shape, not one per step. The draft model is the target itself (every draft accepted, so k
-    climbs) and shares the target's graphs: one row, the verify's k + 1 rows, the draft model's
-    feed of up to k + 1 rows (its last logits only), and its draft loop at the largest k."""
+    climbs), with graphs of its own: the verify's k + 1 rows; the draft model's feed and draft
+    loop at the largest k, and for k=auto's shorter chains its padded feed (its last logits
+    only) and its one-row steps."""
     model = _model("llama", seed=2, layers=3, hidden=48)  # shapes no other test compiles; a varied output
 
     def drafter() -> AdaptiveDraftLength:

@@ -19,7 +19,8 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedMode
 
 import specdec
 from specdec import Sampling, plugins
-from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_length
+from specdec.drafters.chains import chain_length
+from specdec.drafters.feature_pairs import PREFILL_HOLD
 from specdec.drafters.mtp import MtpDrafter, MtpHead, load_mtp, mtp_checkpoint_keys
 
 from test_lossless_statistical import MODEL, TRUNCATED, chi_square_p_value, exact_distribution, sample_counts

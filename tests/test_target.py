@@ -118,6 +118,30 @@ def test_rollback_then_forward_reproduces_a_fresh_run(arch: str) -> None:
         _assert_close(logits, _full_logits(model, OTHER[:5]), f"{arch} after rollback to 0")
 
 
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("fed", [1, 2])
+def test_a_fed_chain_feeds_padded_ids_then_runs_the_loop_after_the_real_ones(arch: str, fed: int) -> None:
+    """`fed_chain`: the ids fed (padded to k + 1 rows), then a greedy loop of k tokens from the last
+    one's logits, in one step: the tokens of greedy decoding, the cache holding the real ids and
+    the loop's, and a later forward that equals a full one (the padding left no trace)."""
+    from specdec.drafters.draft_model import draft_chain
+    from specdec.types import Sampling
+
+    model, k, start = _model(arch), 4, 9
+    lm = CausalLM(model)
+    lm.reset(256)
+    with torch.inference_mode():
+        lm.forward(IDS[:start], keep=1)
+        tokens, probs = lm.fed_chain(draft_chain, IDS[start : start + fed], k + 1, k - 1, None, Sampling(), k)
+        assert probs is None and lm.cache_length == start + fed + k - 1
+        sequence = IDS[: start + fed]
+        for _ in range(k):  # greedy decoding by full forwards
+            sequence = torch.cat([sequence, _full_logits(model, sequence)[-1].argmax()[None]])
+        assert tokens.tolist() == sequence[start + fed :].tolist()
+        logits, _ = lm.forward(sequence[-1:], keep=1)
+        _assert_close(logits, _full_logits(model, sequence)[-1:], f"{arch} after a fed chain of {fed}")
+
+
 def test_cache_length_tracks_forwards_rollbacks_and_resets() -> None:
     lm = CausalLM(_model("llama"))
     assert lm.cache_length == 0, "a new adapter holds nothing"

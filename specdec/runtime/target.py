@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdec.distributed.ranks import Ranks, model_ranks
-from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, static_obstacle, tree_obstacle, uncroppable_layers
+from specdec.runtime.cache import (KV, check_transformers, has_recurrent_state, set_static_length, static_obstacle,
+                                   tree_obstacle, uncroppable_layers)
 from specdec.runtime.engine import Step, step_for
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
                                      prepare_for_compile)
@@ -296,6 +297,39 @@ class CausalLM:
         kv.advanced(rows)
         return out
 
+    def fed_chain(self, fn: Callable[..., Any], input_ids: torch.Tensor, rows: int, chain_rows: int, *args: Any
+                  ) -> Any:
+        """Feed input_ids [n] (padded to `rows` positions, as `forward` pads them) and run a
+        drafter's loop `fn(model, cache, logits, *args)` from the logits of the last of them [1, V],
+        which appends `chain_rows` positions: one fixed-shape step, one compiled graph when
+        compiling, where `forward` and `chain` take two. Inside the step the cache is rolled back
+        to the n real positions before the loop runs, so the loop overwrites the padding. A cache
+        not yet allocated, or a model whose forwards need explicit masks (pipelined), takes the
+        two steps."""
+        kv = self._kv
+        n = input_ids.shape[0]
+        if not kv.static:
+            raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
+        if rows < n:
+            raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
+        if not kv.initialized or self.pipelined:
+            logits, _ = self.forward(input_ids, keep=1, rows=rows)
+            return self.chain(fn, chain_rows, logits, *args)
+        base = kv.length
+        kv.reserve(max(rows, n + chain_rows))
+        padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
+        positions = None
+        if self.learned_positions and self.max_positions:  # padding rows sit at a learned table's last entry
+            positions = (torch.arange(rows, device=self.device) + base).clamp(max=self.max_positions - 1)[None]
+        where = torch.tensor([base + n, n - 1]).to(self.device, non_blocking=True)  # (2,): the real length, the last row
+        run = _FED.get(fn) or _FED.setdefault(fn, _fed(fn))
+        name = f"the {type(self.model).__name__} feed and draft loop{self._role}"
+        step = step_for(self._chains, run, name, self._compile, self.model, (where, padded, positions, *args),
+                        self._restore)
+        out = step(kv.cache, where, padded, positions, *args)
+        kv.advanced(n + chain_rows)
+        return out
+
     def _restore(self) -> None:
         """Undo what a compiled forward that failed may have written: the cache's length."""
         self._kv.rollback(self._kv.length)
@@ -355,3 +389,19 @@ class CausalLM:
 
 
 _SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
+_FED: dict[Callable[..., Any], Callable[..., Any]] = {}  # a drafter's loop -> its feed-and-loop step
+
+
+def _fed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The step `CausalLM.fed_chain` runs for the loop `fn`: the forward of the padded ids keeping
+    the logits of the last real one (where[1]), the cache rolled back to the real ids (where[0]),
+    then `fn` from those logits."""
+
+    def run(model: PreTrainedModel, cache: Cache, where: torch.Tensor, input_ids: torch.Tensor,
+            positions: torch.Tensor | None, *args: Any) -> Any:
+        logits, _ = model_forward(model, cache, input_ids, where[1:], (), None, positions)  # (1, V)
+        set_static_length(cache, where[0])
+        return fn(model, cache, logits, *args)
+
+    run.__qualname__ = f"fed_chain[{fn.__module__}.{fn.__qualname__}]"  # one Step per loop (`step_for`)
+    return run
