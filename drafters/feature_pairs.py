@@ -58,10 +58,10 @@ def pending_rows(pending: int, max_draft: int) -> int | None:
 
 def feed_pending(steps: Any, ctx: DraftContext, drafter: str, eager: bool = False, embed: nn.Module | None = None,
                  hold: int = 0) -> torch.Tensor | None:
-    """Run the real pairs not yet cached, but the last `hold` (`prefill_hold`), through a head's
-    fixed-shape steps (`specdec.drafters.head_steps.HeadSteps`: padded to `pending_rows`, or
-    eagerly and unpadded when `eager`, as in a prefill); return the head's output at the last of
-    them [1, H], or None when no pair was fed."""
+    """Run the real pairs not yet cached, but the last `hold` (`PREFILL_HOLD` in a prefill),
+    through a head's fixed-shape steps (`specdec.drafters.head_steps.HeadSteps`: padded to
+    `pending_rows`, or eagerly and unpadded when `eager`, as in a prefill); return the head's
+    output at the last of them [1, H], or None when no pair was fed."""
     pairs = pending_pairs(ctx, steps.length, drafter, embed, hold)
     if pairs is None:
         return None
