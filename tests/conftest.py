@@ -17,13 +17,17 @@ settings.register_profile("ci", derandomize=True, deadline=None, max_examples=10
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-import torch  # noqa: E402
-
-# Tiny models run fastest on one thread; more threads only contend on small CI machines.
-torch.set_num_threads(1)
-
-
 import pytest  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Where tests run (a pytest-xdist worker, or pytest without workers): one torch thread, since
+    tiny models run fastest on one and more only contend on small CI machines. The controller of
+    the workers runs no test and does not import torch, so that it starts them seconds sooner."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        import torch
+
+        torch.set_num_threads(1)
 
 # `make test` runs two pytest-xdist workers, one per core (docs/working.md). A worker takes a file at a
 # time, so a file's module fixtures are built once; the files below are handed out first, longest
