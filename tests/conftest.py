@@ -32,8 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # `make test` runs two pytest-xdist workers, one per core (docs/working.md). A worker takes a file at a
 # time, so a file's module fixtures are built once; the files below are handed out first, longest
 # first, so that neither worker is left with a long file at the end; the rest follow in collection order.
-LONGEST = ("test_demo.py", "test_engine_zoo.py", "test_engine.py", "test_batch.py", "test_synthetic_bench.py",
-           "test_bench.py", "test_distributed.py", "test_lookahead.py")
+LONGEST = ("test_demo.py", "test_engine_zoo.py", "test_engine.py", "test_synthetic_bench.py", "test_distributed.py",
+           "test_batch.py", "test_bench.py", "test_play.py", "test_zoo.py", "test_lossless_statistical.py",
+           "test_tree_loop.py", "test_hybrid_drafters.py")
 # One unit of work, on one worker, in this order: the demo compiles the quick zoo's graphs at k = 4 and
 # the engine's zoo tests replay them in the same process (apart, both would compile them, at once).
 TOGETHER = ("test_demo.py", "test_engine_zoo.py")
