@@ -6,9 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench bench-gpu browser clean
 
-# Where pip finds local wheels (this project's machines keep torch's CPU wheel there); uv reads
-# them only when told.
-FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+# Where pip finds local wheels (this project's machines keep torch's CPU wheel there), and the
+# indexes pip is told of in the environment: uv reads pip's settings only when passed them (an
+# index set in pip.conf alone is not, so torch may then come from PyPI).
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),\
+  $(shell $(PYTHON) -m pip config get install.find-links 2>/dev/null))
+UV_SOURCES := $(foreach where,$(FIND_LINKS),--find-links $(where)) \
+  $(if $(PIP_INDEX_URL),--index-url $(PIP_INDEX_URL)) $(foreach url,$(PIP_EXTRA_INDEX_URL),--extra-index-url $(url))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +22,8 @@ $(STAMP): pyproject.toml
 	# for users. --compile-bytecode: where PYTHONDONTWRITEBYTECODE is set (as on CI), a package
 	# installed without its .pyc files is compiled again by every process that imports it, which
 	# costs each test worker, server and torchrun rank about 5 s for transformers alone.
-	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode \
-	  $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) torch==2.13.0 -e ".[dev]"
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --compile-bytecode $(strip $(UV_SOURCES)) \
+	  torch==2.13.0 -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -52,7 +52,7 @@ def pending_rows(pending: int, max_draft: int) -> int | None:
     whether one pair is pending (after a rejection) or k + 1 (after a verify accepted the whole
     draft), so that a head's catch-up, alone or with its draft loop, is one graph and not two (the
     padding's cost is measured in docs/engine.md, "Fixed shapes"); None (unpadded, eager) for
-    more than that, as after a prefill."""
+    more than that."""
     return max_draft + 1 if pending <= max_draft + 1 else None
 
 

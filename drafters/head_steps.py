@@ -101,10 +101,11 @@ class HeadSteps:
 
         Inside the step the cache is rolled back to the n real rows before the loop runs, so the
         padding is overwritten as `__call__`'s rollback would have it. A dynamic cache, or a
-        static one not yet allocated, takes the two steps."""
+        static one not yet allocated (a first generation whose prefill fed nothing), takes the two
+        steps, both eager: a shape met once compiles nothing."""
         n = next(x for x in inputs if isinstance(x, torch.Tensor)).shape[0]
         if not self.kv.static or not self.kv.initialized:
-            return self.chain(fn, chain_rows, _last(self(rows, *inputs)), *args)
+            return self.chain(fn, chain_rows, _last(self(rows, *inputs)), *args, eager=True)
         base = self.kv.length
         self.kv.reserve(max(n, rows) + chain_rows)
         padded = tuple(_pad(x, rows) if isinstance(x, torch.Tensor) else x for x in inputs)

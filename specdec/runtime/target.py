@@ -282,14 +282,15 @@ class CausalLM:
         mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, width)
         return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
 
-    def chain(self, fn: Callable[..., Any], rows: int, *args: Any) -> Any:
+    def chain(self, fn: Callable[..., Any], rows: int, *args: Any, eager: bool = False) -> Any:
         """`fn(model, cache, *args)`, a drafter's loop of forwards that appends `rows` positions
-        to a static cache, run as one fixed-shape step (one compiled graph when compiling)."""
+        to a static cache, run as one fixed-shape step (one compiled graph when compiling);
+        `eager` runs it uncompiled (a shape met once)."""
         kv = self._kv
         if not kv.static:
             raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
         kv.reserve(rows)
-        if not kv.initialized:  # transformers allocates a static cache on its first write: never compiled
+        if eager or not kv.initialized:  # transformers allocates a static cache on its first write: never compiled
             out = fn(self.model, kv.cache, *args)
         else:
             name = f"the {type(self.model).__name__} draft loop{self._role}"
@@ -304,8 +305,9 @@ class CausalLM:
         which appends `chain_rows` positions: one fixed-shape step, one compiled graph when
         compiling, where `forward` and `chain` take two. Inside the step the cache is rolled back
         to the n real positions before the loop runs, so the loop overwrites the padding. A cache
-        not yet allocated, or a model whose forwards need explicit masks (pipelined), takes the
-        two steps."""
+        not yet allocated (a first generation whose prefill fed nothing) takes the two steps
+        eagerly, a shape met once; a model whose forwards need explicit masks (pipelined) takes
+        them as fixed-shape steps."""
         kv = self._kv
         n = input_ids.shape[0]
         if not kv.static:
@@ -313,8 +315,9 @@ class CausalLM:
         if rows < n:
             raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
         if not kv.initialized or self.pipelined:
+            first = not kv.initialized
             logits, _ = self.forward(input_ids, keep=1, rows=rows)
-            return self.chain(fn, chain_rows, logits, *args)
+            return self.chain(fn, chain_rows, logits, *args, eager=first)
         base = kv.length
         kv.reserve(max(rows, n + chain_rows))
         padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
