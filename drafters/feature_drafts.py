@@ -89,9 +89,9 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
     """The usual draft (k = the loop's k, or a chain the budget's end cuts short: `chain_length`)
     with the catch-up on the pairs not yet cached in the same step (`HeadSteps.fed_chain`: one graph
     when compiled, not two): a chain, or with `tree` the top-k tree (`eagle_tree`); `embed` embeds
-    both. None when no pair is pending, or more than a padded step holds, or for a shorter draft: the caller then feeds them apart and drafts with `chain_draft` or
-    `topk_tree_draft`. The head's cache then holds `draft_entries(tree, k, ctx)` more
-    entries than the real pairs."""
+    both. None when no pair is pending, or more than a padded step holds, or for a shorter draft:
+    the caller then feeds them apart and drafts with `chain_draft` or `topk_tree_draft`. The
+    head's cache then holds `draft_entries(tree, k, ctx)` more entries than the real pairs."""
     pairs = pending_pairs(ctx, steps.length, drafter, embed)
     rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
     if pairs is None or rows is None or (k if tree is not None else chain_length(ctx, k)) != ctx.engine.max_draft:

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.runtime.cache import KV, set_static_length, static_obstacle
-from specdec.runtime.engine import Step, step_for
+from specdec.runtime.cache import KV, static_obstacle
+from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.types import Engine
 
 __all__ = ["HeadSteps"]
@@ -111,9 +111,9 @@ class HeadSteps:
         padded = tuple(_pad(x, rows) if isinstance(x, torch.Tensor) else x for x in inputs)
         device = next(self.head.parameters()).device
         where = torch.tensor([base + n, n - 1]).to(device, non_blocking=True)  # (2,): the real length, the last row
-        run = _FED.get(fn) or _FED.setdefault(fn, _fed(fn))
-        step = step_for(self._chains, run, f"{self.name}'s catch-up and draft loop", self._compile, self.head,
-                        (where, padded, *args), self._restore)
+        name = f"{self.name}'s catch-up and draft loop"
+        step = step_for(self._chains, fed_step(_head_feed, fn), name, self._compile, self.head, (where, padded, *args),
+                        self._restore)
         out = step(self.kv.cache, where, padded, *args)
         self.kv.advanced(n + chain_rows)
         return out
@@ -127,20 +127,10 @@ def _head_forward(head: nn.Module, cache: Any, mask: torch.Tensor | None, *input
     return head(*inputs, cache, mask)
 
 
-_FED: dict[Callable[..., Any], Callable[..., Any]] = {}  # a draft loop -> its catch-up-and-loop step
-
-
-def _fed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The step `HeadSteps.fed_chain` runs for the draft loop `fn`: the head over the padded rows,
-    the cache rolled back to the real ones (where[0]), then `fn` from the output at where[1]."""
-
-    def run(head: nn.Module, cache: Any, where: torch.Tensor, inputs: tuple[Any, ...], *args: Any) -> Any:
-        out = _head_forward(head, cache, None, *inputs)
-        set_static_length(cache, where[0])
-        return fn(head, cache, _at(out, where[1:]), *args)
-
-    run.__qualname__ = f"fed_chain[{fn.__module__}.{fn.__qualname__}]"  # one Step per draft loop (`step_for`)
-    return run
+def _head_feed(head: nn.Module, cache: Any, where: torch.Tensor, inputs: tuple[Any, ...]) -> Any:
+    """`HeadSteps.fed_chain`'s feed (`fed_step`): the head over the padded rows, its output at the
+    last real one (where[1])."""
+    return _at(_head_forward(head, cache, None, *inputs), where[1:])
 
 
 def _last(out: Any) -> Any:

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Step", "compile_failures", "compile_seconds", "step_for"]
+from specdec.runtime.cache import set_static_length
+
+__all__ = ["Step", "compile_failures", "compile_seconds", "fed_step", "step_for"]
 
 RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 _FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
@@ -134,6 +136,28 @@ def step_for(steps: dict[tuple[Any, ...], Step], fn: Callable[..., Any], name: s
     if key not in steps:
         steps[key] = Step(fn, name, enabled, owner, uses, restore)
     return steps[key]
+
+
+_FED: dict[tuple[Callable[..., Any], Callable[..., Any]], Callable[..., Any]] = {}  # (feed, loop) -> their step
+
+
+def fed_step(feed: Callable[..., Any], loop: Callable[..., Any]) -> Callable[..., Any]:
+    """The one step of a feed and a drafter's loop after it:
+    `run(owner, cache, where, inputs, *args)` runs `feed(owner, cache, where, inputs)` over the
+    padded rows (it returns the output at the last real row, where[1]), rolls a static cache back to
+    the real rows (where[0]), so the loop overwrites the padding, then returns
+    `loop(owner, cache, output, *args)`. Made once per pair, so `step_for` keeps one Step for it."""
+    key = (feed, loop)
+    if key not in _FED:
+
+        def run(owner: nn.Module, cache: Any, where: torch.Tensor, inputs: Any, *args: Any) -> Any:
+            out = feed(owner, cache, where, inputs)
+            set_static_length(cache, where[0])
+            return loop(owner, cache, out, *args)
+
+        run.__qualname__ = f"fed[{feed.__qualname__}, {loop.__module__}.{loop.__qualname__}]"
+        _FED[key] = run
+    return _FED[key]
 
 
 def _structure(module: nn.Module) -> tuple[Any, ...]:

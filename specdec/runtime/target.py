@@ -19,9 +19,8 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdec.distributed.ranks import Ranks, model_ranks
-from specdec.runtime.cache import (KV, check_transformers, has_recurrent_state, set_static_length, static_obstacle,
-                                   tree_obstacle, uncroppable_layers)
-from specdec.runtime.engine import Step, step_for
+from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, static_obstacle, tree_obstacle, uncroppable_layers
+from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
                                      prepare_for_compile)
 from specdec.runtime.replay import Replay
@@ -192,7 +191,7 @@ class CausalLM:
         if rows < n:
             raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
         base = kv.length
-        padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
+        padded = _pad_ids(input_ids, rows)  # (rows,)
         index = torch.arange(n - keep, n, device=self.device)  # the same graph whatever n
         logits, states = self._run(padded, index, hidden, step=True)
         kv.rollback(base + n)  # the padding is stale
@@ -225,8 +224,7 @@ class CausalLM:
         """
         n = len(parents)
         width = max(rows or 0, n + 1)
-        if width > n + 1:
-            input_ids = torch.cat([input_ids, input_ids.new_zeros(width - n - 1)])
+        input_ids = _pad_ids(input_ids, width)  # (width,)
         m = 0 if extra is None else extra.tokens.shape[0]
         base = self.cache_length
         rows_visible, offsets = verify_layout(parents, width, extra, self.device)  # (width + m, width + m), (width + m,)
@@ -320,16 +318,13 @@ class CausalLM:
             return self.chain(fn, chain_rows, logits, *args, eager=first)
         base = kv.length
         kv.reserve(max(rows, n + chain_rows))
-        padded = torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids  # (rows,)
-        positions = None
-        if self.learned_positions and self.max_positions:  # padding rows sit at a learned table's last entry
-            positions = (torch.arange(rows, device=self.device) + base).clamp(max=self.max_positions - 1)[None]
-        where = torch.tensor([base + n, n - 1]).to(self.device, non_blocking=True)  # (2,): the real length, the last row
-        run = _FED.get(fn) or _FED.setdefault(fn, _fed(fn))
+        padded = _pad_ids(input_ids, rows)  # (rows,)
+        inputs = (padded, self._table_positions(rows))  # padding rows sit at a learned table's last entry
+        where = torch.tensor([base + n, n - 1]).to(self.device, non_blocking=True)  # (2,): real length, last row
         name = f"the {type(self.model).__name__} feed and draft loop{self._role}"
-        step = step_for(self._chains, run, name, self._compile, self.model, (where, padded, positions, *args),
-                        self._restore)
-        out = step(kv.cache, where, padded, positions, *args)
+        step = step_for(self._chains, fed_step(_logits_feed, fn), name, self._compile, self.model,
+                        (where, inputs, *args), self._restore)
+        out = step(kv.cache, where, inputs, *args)
         kv.advanced(n + chain_rows)
         return out
 
@@ -356,15 +351,21 @@ class CausalLM:
         kv.reserve(input_ids.shape[0])
         if mask is None and self.pipelined:
             mask, positions = self._causal(input_ids.shape[0], positions)
-        if positions is None and step and kv.static and self.learned_positions and self.max_positions:
-            # padding rows may run past a learned position table: they sit at its last entry
-            rows = torch.arange(input_ids.shape[0], device=self.device) + kv.length
-            positions = rows.clamp(max=self.max_positions - 1)[None]  # (1, n)
+        if positions is None and step and kv.static:  # padding rows may run past a learned position table
+            positions = self._table_positions(input_ids.shape[0])
         args = (kv.cache, input_ids, keep, hidden, mask, positions)
         run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
         out = run(*args) if run is not None else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0])
         return out
+
+    def _table_positions(self, n: int) -> torch.Tensor | None:
+        """Position ids [1, n] of n rows after the cached prefix on a learned position table, the
+        rows past its end at its last entry; None for rotary models (positions follow the cache)."""
+        if not (self.learned_positions and self.max_positions):
+            return None
+        rows = torch.arange(n, device=self.device) + self._kv.length  # (n,)
+        return rows.clamp(max=self.max_positions - 1)[None]
 
     def _causal(self, n: int, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The explicit causal mask [1, 1, n, mask_width(n)] and position ids [1, n] of n rows fed
@@ -373,8 +374,8 @@ class CausalLM:
         rows = torch.arange(n, device=self.device) + base  # (n,)
         columns = torch.arange(self.mask_width(n), device=self.device)  # (W,)
         visible = columns[None] <= rows[:, None]  # (n, W): the prefix, the earlier rows, itself
-        if positions is None and self.learned_positions and self.max_positions:
-            positions = rows.clamp(max=self.max_positions - 1)[None]  # padding past a learned table
+        if positions is None:
+            positions = self._table_positions(n)  # padding past a learned table
         return additive_mask(visible, self.dtype), rows[None] if positions is None else positions
 
     def rollback(self, length: int) -> None:
@@ -392,19 +393,17 @@ class CausalLM:
 
 
 _SHARED: weakref.WeakKeyDictionary[PreTrainedModel, KV] = weakref.WeakKeyDictionary()  # model -> its shared cache
-_FED: dict[Callable[..., Any], Callable[..., Any]] = {}  # a drafter's loop -> its feed-and-loop step
 
 
-def _fed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The step `CausalLM.fed_chain` runs for the loop `fn`: the forward of the padded ids keeping
-    the logits of the last real one (where[1]), the cache rolled back to the real ids (where[0]),
-    then `fn` from those logits."""
+def _pad_ids(input_ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """input_ids [n] padded with zeros to `rows` (>= n) positions."""
+    n = input_ids.shape[0]
+    return torch.cat([input_ids, input_ids.new_zeros(rows - n)]) if rows > n else input_ids
 
-    def run(model: PreTrainedModel, cache: Cache, where: torch.Tensor, input_ids: torch.Tensor,
-            positions: torch.Tensor | None, *args: Any) -> Any:
-        logits, _ = model_forward(model, cache, input_ids, where[1:], (), None, positions)  # (1, V)
-        set_static_length(cache, where[0])
-        return fn(model, cache, logits, *args)
 
-    run.__qualname__ = f"fed_chain[{fn.__module__}.{fn.__qualname__}]"  # one Step per loop (`step_for`)
-    return run
+def _logits_feed(model: PreTrainedModel, cache: Cache, where: torch.Tensor,
+                 inputs: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    """`CausalLM.fed_chain`'s feed (`fed_step`): the forward of the padded ids at their positions
+    (None: from the cache's length), keeping the logits of the last real one (where[1]); (1, V)."""
+    input_ids, positions = inputs
+    return model_forward(model, cache, input_ids, where[1:], (), None, positions)[0]
