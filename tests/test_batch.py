@@ -339,6 +339,8 @@ def test_bad_prompts_are_named_by_their_index():
 
 
 def test_a_model_that_cannot_batch_says_why():
-    model = tiny_model("mistral", vocab_size=VOCAB, sliding_window=4, dtype=torch.float32)
-    with pytest.raises(ValueError, match="MistralForCausalLM cannot decode a batch: .*sliding"):
+    from test_hybrid import tiny_hybrid
+
+    model = tiny_hybrid(vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="Qwen3NextForCausalLM cannot decode a batch: .*linear-attention"):
         specdec.generate_batch(model, PROMPTS, max_new_tokens=4)

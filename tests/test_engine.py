@@ -127,14 +127,28 @@ def test_an_overflowing_forward_is_refused_before_it_writes() -> None:
 
 
 def test_models_that_cannot_hold_a_static_cache_say_why() -> None:
-    sliding = tiny_model("mistral", vocab_size=VOCAB, sliding_window=4)
-    lm = CausalLM(sliding)
-    assert lm.static_obstacle is not None and "sliding" in lm.static_obstacle
+    from test_hybrid import tiny_hybrid
+
+    hybrid = tiny_hybrid(vocab_size=VOCAB)
+    lm = CausalLM(hybrid)
+    assert lm.static_obstacle is not None and "linear-attention" in lm.static_obstacle
     lm.reset(256)
-    assert not lm.static, "a sliding-window model keeps its dynamic cache"
-    with pytest.warns(UserWarning, match="decodes eagerly"):
-        result = specdec.generate(sliding, PROMPT, drafter="ngram", max_new_tokens=12, compile=True)
-    assert result.tokens == hf_greedy(sliding, PROMPT, 12)
+    assert not lm.static, "a hybrid model keeps its dynamic cache"
+
+
+def test_a_sliding_window_model_holds_every_position_in_its_static_cache() -> None:
+    """Sliding layers keep the whole context, like full ones (the window is the mask's), so the
+    static cache's size counts them too."""
+    from specdec.runtime.cache import static_cache_bytes
+
+    sliding = tiny_model("gemma3", vocab_size=VOCAB, sliding_window=4, dtype=torch.float32)
+    lm = CausalLM(sliding)
+    assert lm.static_obstacle is None
+    lm.reset(256)
+    lm.forward(torch.tensor(PROMPT), keep=1)
+    assert lm.static and lm.kv is not None and lm.tree_obstacle is None
+    assert all(layer.keys.shape[2] == 256 for layer in lm.cache.layers)
+    assert lm.kv.nbytes == static_cache_bytes(sliding.config, 256, torch.float32)
 
 
 # --- compiled decoding equals eager decoding ------------------------------------------------------------

@@ -431,10 +431,9 @@ def float64_kernels(monkeypatch):
 
 
 FALLBACK_TARGETS = {
-    "sliding-window-mistral": lambda: tiny_model("mistral", vocab_size=VOCAB, sliding_window=6),
     "hybrid-qwen3-next": lambda: tiny_hybrid(vocab_size=VOCAB),
 }
-FALLBACK_REASONS = {"sliding-window-mistral": "DynamicSlidingWindowLayer", "hybrid-qwen3-next": "linear-attention"}
+FALLBACK_REASONS = {"hybrid-qwen3-next": "linear-attention"}
 
 
 @pytest.mark.parametrize("drafter_key", ["oracle-first", "garbage-tree", "sampled-tree"])
@@ -469,8 +468,8 @@ def test_untreeable_targets_verify_the_first_child_path_with_one_warning(float64
         assert result.stats.drafted == sum(len(first_path(d.parents.tolist())) for d in drafter.drafts)
 
 
-def test_fallback_warns_once_per_generate_call() -> None:
-    model = FALLBACK_TARGETS["sliding-window-mistral"]()
+def test_fallback_warns_once_per_generate_call(float64_kernels) -> None:
+    model = FALLBACK_TARGETS["hybrid-qwen3-next"]()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for seed in range(2):

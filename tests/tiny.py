@@ -6,8 +6,16 @@ import math
 
 import torch
 from transformers import (
+    Cohere2Config,
+    Cohere2ForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -20,6 +28,11 @@ from transformers import (
 )
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
+# models with sliding-window layers: Mistral slides in every layer, the others alternate sliding and
+# full layers (GPT-OSS's experts run eagerly, transformers' grouped kernels take no float64)
+SLIDING_ARCHITECTURES = ("mistral", "gemma2", "gemma3", "gpt_oss", "cohere2")
+_MIXED = {"gemma2": (Gemma2Config, Gemma2ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
+          "gpt_oss": (GptOssConfig, GptOssForCausalLM), "cohere2": (Cohere2Config, Cohere2ForCausalLM)}
 
 
 def tiny_model(
@@ -44,6 +57,16 @@ def tiny_model(
     if arch == "gpt2":
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
         model = GPT2LMHeadModel(config)
+    elif arch in _MIXED:
+        cls_config, cls_model = _MIXED[arch]
+        kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        extra = {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager",
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}} if arch == "gpt_oss" else {}
+        config = cls_config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                            max_position_embeddings=max_positions, sliding_window=sliding_window or 4,
+                            layer_types=kinds, **common, **extra)
+        model = cls_model(config)
     else:
         cls_config, cls_model = {
             "llama": (LlamaConfig, LlamaForCausalLM),

@@ -1,4 +1,5 @@
 """The target runtime: the adapter over a transformers causal LM (forwards, hidden states, exact
-rollback), its caches, the compiled engine's fixed-shape steps, the batched target, tree logits and
-the measured cost of a forward; it may import `specdec.types`, `specdec.trees` and
-`specdec.distributed` (the ranks that hold a sharded model)."""
+rollback), its caches (sliding windows enforced in their masks), the compiled engine's
+fixed-shape steps, the batched target, tree logits and the measured cost of a forward;
+it may import `specdec.types`, `specdec.trees` and `specdec.distributed` (the ranks that hold a
+sharded model)."""

@@ -6,7 +6,9 @@ the columns of its root and of the nodes it accepted, and leaves the others as h
 later query attends to: a validity mask [B, C] is folded into every forward's 4D mask. Each row
 runs at its own position ids (its committed length, not the column), so a row reads the same
 keys and values at the same positions as when decoded alone, and the holes add only masked
-terms: its logits are those of batch-1 decoding. Nothing in the cache moves after a step (a
+terms: its logits are those of batch-1 decoding. A sliding layer's window is measured in those
+positions (the cache keeps each column's, `specdec.runtime.windows`), so holes do not eat into
+it. Nothing in the cache moves after a step (a
 tree's accepted path stays where it was written); when the columns run out, `compact` moves
 each row's entries to the front of its columns, in order (one gather per layer), and a row
 that finished leaves the batch with `select`.
@@ -22,10 +24,11 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec.runtime.cache import KV, gather_columns, select_batch
+from specdec.runtime.cache import KV
 from specdec.runtime.engine import Step
 from specdec.runtime.forward import model_forward, prepare_for_compile
 from specdec.runtime.target import CausalLM
+from specdec.runtime.windows import layer_masks
 
 __all__ = ["BatchLM", "grouped_attention"]
 
@@ -95,17 +98,17 @@ class BatchLM:
         width = self.capacity
         seen = self.valid[:, None, :].expand(batch, rows, width).clone()  # (B, R, C)
         seen[:, :, self.width : self.width + rows] = visible
-        mask = torch.zeros(seen.shape, dtype=self.lm.dtype, device=self.lm.device)
-        mask = mask.masked_fill_(~seen, torch.finfo(self.lm.dtype).min)[:, None]  # (B, 1, R, C) additive
         if self.lm.learned_positions and self.lm.max_positions:
             positions = positions.clamp(max=self.lm.max_positions - 1)  # padding rows may run past the table
+        # (B, 1, R, C) additive, one per kind of layer where kinds mix (sliding layers: their window too)
+        mask = layer_masks(self.kv.attention, seen, positions, self.kv.key_positions(positions), self.lm.dtype)
         self.base = self.width
         args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
         # a first write allocates the cache (never compiled); a prefill's shape varies
         compiled = fixed and self.kv.initialized
         with grouped_attention(self.lm.device):
             logits, states = self._step(*args) if compiled else model_forward(self.lm.model, *args)
-        self.kv.advanced(rows)
+        self.kv.advanced(rows, positions)
         return logits, states
 
     def keep(self, rows: list[int], columns: list[int]) -> None:
@@ -118,7 +121,7 @@ class BatchLM:
     def compact(self) -> None:
         """Move every row's kept columns to the front of its columns, in order; the holes go."""
         order = torch.argsort((~self.valid).to(torch.uint8), dim=1, stable=True)  # (B, C): kept columns first
-        gather_columns(self.kv.cache, order)
+        self.kv.reorder(order)
         kept = self.kept()  # (B,)
         self.valid = torch.arange(self.capacity, device=self.valid.device)[None] < kept[:, None]
         self.kv.rollback(int(kept.max()) if kept.numel() else 0)
@@ -126,6 +129,6 @@ class BatchLM:
     def select(self, rows: list[int]) -> None:
         """Keep only the batch rows `rows`, in that order (the others finished)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        select_batch(self.kv.cache, index)
+        self.kv.select(index)
         self.valid = self.valid.index_select(0, index)
         self.rows = len(rows)

@@ -4,18 +4,19 @@ gathering of a tree's accepted path, and snapshots of recurrent state.
 All knowledge of transformers' cache classes lives here (transformers 5.x: `DynamicCache.crop`
 takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumulative_length`).
 
-- Static (`KV` with a capacity): every full-attention layer is preallocated for `capacity`
-  positions. A forward writes its rows at the cache's length; a rollback only sets the length:
-  nothing is copied, the stale entries beyond it are masked (by causality, or by a tree's mask)
-  and overwritten by the next forward, as in gpt-fast. Fixed shapes, so compiled graphs and CUDA
-  graphs can replay.
+- Static (`KV` with a capacity): every attention layer, full or sliding, is preallocated for
+  `capacity` positions. A forward writes its rows at the cache's length; a rollback only sets the
+  length: nothing is copied, the stale entries beyond it are masked (by causality, or by a tree's
+  mask) and overwritten by the next forward, as in gpt-fast. Fixed shapes, so compiled graphs and
+  CUDA graphs can replay. A sliding layer's window is enforced by the mask
+  (`specdec.runtime.windows`), for which the cache keeps the position each column holds.
 - Dynamic (`KV` without one): transformers' `DynamicCache`, grown by concatenation and cropped.
   With `activate_past_recording`, sliding-window layers and the conv states of linear-attention
   layers keep what a crop needs, so `crop` cuts them back exactly. The recurrent state of a
   linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: `snapshot`
   copies it (fixed size) before a forward, and `restore` crops everything else and copies it
-  back; the caller replays the ids in between. Models with such layers, or with sliding windows,
-  always take the dynamic cache (`static_obstacle` says why).
+  back; the caller replays the ids in between. Models with such layers always take the dynamic
+  cache (`static_obstacle` says why), where sliding layers keep transformers' window-sized ring.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
-                                      LinearAttentionCacheLayerMixin, StaticLayer)
+                                      DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, StaticLayer,
+                                      StaticSlidingWindowLayer)
+
+from specdec.runtime.windows import SLIDING, attention_kinds
 
 __all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
            "has_recurrent_state", "new_cache", "restore", "select_batch", "set_static_length", "snapshot",
@@ -149,8 +153,8 @@ def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
     """Why `model` cannot verify a token tree in one forward, or None when it can.
 
     A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
-    can be gathered: full-attention layers only, dynamic or static (no sliding window, no
-    recurrent state).
+    can be gathered: full-attention layers, and on a static cache sliding ones too (a dynamic
+    cache keeps those in a ring); no recurrent state.
     """
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     if attention not in _TREE_ATTENTION:
@@ -218,24 +222,34 @@ def select_batch(cache: Cache, rows: torch.Tensor) -> None:
 
 def static_cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
     """Bytes of the keys and values a static cache of `capacity` positions holds for a model with
-    `config`: full-attention layers x 2 x KV heads x head dim x capacity x the dtype's size."""
+    `config`: attention layers (full or sliding) x 2 x KV heads x head dim x capacity x the dtype's size."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
     types = getattr(text, "layer_types", None) or ["full_attention"] * int(text.num_hidden_layers)
-    layers = sum(1 for kind in types if kind == "full_attention")
+    layers = sum(1 for kind in types if kind in ("full_attention", SLIDING))  # a sliding layer holds every position too
     return layers * 2 * heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
+
+
+def _static_cache(config: Any, capacity: int) -> StaticCache:
+    """transformers' static cache for a model with `config`, every sliding layer's window-sized
+    ring replaced by a full-length layer: a ring cannot be rolled back, and the window is the
+    mask's business (`specdec.runtime.windows`)."""
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    cache.layers = [StaticLayer(max_cache_len=capacity) if isinstance(layer, StaticSlidingWindowLayer) else layer
+                    for layer in cache.layers]
+    return cache
 
 
 def static_obstacle(owner: Any) -> str | None:
     """Why `owner` (a model, or a drafter head with a `.config`) cannot run on a static cache, or None.
 
-    A static cache serves full-attention layers (and stateless MoE/MLP layers) of a model whose
-    attention masks the cache's unused tail (eager or sdpa attention; flash attention reads the
-    whole buffer unless given a 2D mask) and that transformers can run on one
-    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot). Sliding windows keep
-    a ring buffer that cannot be rolled back, and linear-attention state rolls back only by
-    snapshot and replay; all these stay on the dynamic cache.
+    A static cache serves full- and sliding-attention layers (and stateless MoE/MLP layers) of a
+    model whose attention masks the cache's unused tail (eager or sdpa attention; flash attention
+    reads the whole buffer unless given a 2D mask) and that transformers can run on one
+    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot). Chunked attention
+    (Llama 4) has no rule here, and linear-attention state rolls back only by snapshot and replay;
+    these stay on the dynamic cache.
     """
     if isinstance(owner, PreTrainedModel) and getattr(owner, "_can_compile_fullgraph", False) is not True:
         return f"transformers runs {type(owner).__name__} on dynamic caches only (_can_compile_fullgraph is false)"
@@ -246,8 +260,13 @@ def static_obstacle(owner: Any) -> str | None:
     for layer in new_cache(owner).layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             return "its linear-attention layers roll back by snapshot and replay, on a dynamic cache"
-        if type(layer) is not DynamicLayer and not isinstance(layer, DummyLayer):
-            return f"its {type(layer).__name__} cache layers (sliding windows) cannot be rolled back in a static cache"
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) and not isinstance(layer, DummyLayer):
+            return f"its {type(layer).__name__} cache layers cannot be rolled back in a static cache"
+    text = owner.config.get_text_config() if hasattr(owner.config, "get_text_config") else owner.config
+    odd = sorted({kind for kind in getattr(text, "layer_types", None) or [] if "chunked" in kind})
+    if odd:
+        return f"its {', '.join(odd)} layers (attention within chunks) have no mask rule on the static cache"
+    attention_kinds(owner.config)  # a sliding layer without a window is refused by name
     return None
 
 
@@ -261,10 +280,16 @@ class KV:
 
     def __init__(self, owner: Any, capacity: int | None = None) -> None:
         self.capacity = capacity
-        self.cache: Cache = new_cache(owner) if capacity is None else StaticCache(config=owner.config,
-                                                                                   max_cache_len=capacity)
+        self.attention = attention_kinds(owner.config)
+        self.cache: Cache = new_cache(owner) if capacity is None else _static_cache(owner.config, capacity)
         self.length = 0
         self._layers = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]
+        # the position each column holds, per batch row [B, C], which a sliding layer's mask reads;
+        # kept by static caches of models with sliding layers (elsewhere column c holds position c)
+        self.positions: torch.Tensor | None = None
+        if capacity is not None and self.attention.sliding:
+            first = next(owner.parameters(), None)
+            self.positions = torch.arange(capacity, device=first.device if first is not None else None)[None]
 
     @property
     def static(self) -> bool:
@@ -299,9 +324,46 @@ class KV:
             raise ValueError(f"a forward of {rows} rows after {self.length} cached positions overflows the static "
                              f"cache of {self.capacity} positions; size it for the whole generation")
 
-    def advanced(self, rows: int) -> None:
-        """Record that a forward appended `rows` positions."""
+    def advanced(self, rows: int, positions: torch.Tensor | None = None) -> None:
+        """Record that a forward appended `rows` columns, holding `positions` [B, rows] (None:
+        the columns' own indices, as a causal forward writes them)."""
+        if self.positions is not None:
+            span = slice(self.length, self.length + rows)
+            if positions is None:
+                self.positions[:, span] = torch.arange(span.start, span.stop, device=self.positions.device)
+            else:
+                self._batch(positions.shape[0])[:, span] = positions.to(self.positions.device)
         self.length += rows
+
+    def _batch(self, rows: int) -> torch.Tensor:
+        """The column positions, widened to `rows` batch rows on a batch's first write."""
+        assert self.positions is not None
+        if self.positions.shape[0] != rows:
+            self.positions = self.positions.expand(rows, -1).clone()
+        return self.positions
+
+    def key_positions(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The positions [B, C] the columns will hold once a forward writes rows at `positions`
+        [B, R] after the held ones: what a sliding layer's mask compares the rows' positions with
+        (None for a cache that keeps none, `positions`)."""
+        if self.positions is None:
+            return None
+        keys = self._batch(positions.shape[0]).clone()
+        keys[:, self.length : self.length + positions.shape[1]] = positions.to(keys.device)
+        return keys
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Reorder a batch's columns row by row: row b's column j takes what its column order[b, j]
+        held ([B, C] indices), keys, values and positions alike."""
+        gather_columns(self.cache, order)
+        if self.positions is not None:
+            self.positions = self._batch(order.shape[0]).gather(1, order.to(self.positions.device))
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows `rows` ([b] indices, in that order)."""
+        select_batch(self.cache, rows)
+        if self.positions is not None and self.positions.shape[0] > 1:
+            self.positions = self.positions.index_select(0, rows.to(self.positions.device))
 
     def mask_width(self, rows: int) -> int:
         """Columns of the 4D mask of a forward of `rows` rows: the capacity, or the cached positions plus rows."""
@@ -335,4 +397,7 @@ class KV:
                                                                                             non_blocking=True)
                 keys[:, :, base : base + len(rows)] = keys.index_select(2, index)
                 values[:, :, base : base + len(rows)] = values.index_select(2, index)
+            if self.positions is not None:
+                moved = torch.tensor([base + row for row in rows], dtype=torch.long, device=self.positions.device)
+                self.positions[:, base : base + len(rows)] = self.positions.index_select(1, moved)
         self.rollback(base + len(rows))

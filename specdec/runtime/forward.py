@@ -33,7 +33,8 @@ def is_pipelined(model: PreTrainedModel) -> bool:
 
 
 def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor, keep: int | torch.Tensor,
-                  hidden: tuple[int, ...], mask: torch.Tensor | None, positions: torch.Tensor | None
+                  hidden: tuple[int, ...], mask: torch.Tensor | dict[str, torch.Tensor] | None,
+                  positions: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward of `model` on `cache`: (logits [keep, V], the hidden states of the layers
     `hidden` names, concatenated [n, len(hidden) * H], or None when it names none).
@@ -47,7 +48,7 @@ def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor,
         use_cache=True,
         logits_to_keep=keep,
         output_hidden_states=bool(hidden),
-        attention_mask=mask,  # (B, 1, n, width) additive, or None for causal
+        attention_mask=mask,  # (B, 1, n, width) additive, one per layer type where kinds mix, or None for causal
         position_ids=positions,  # (B, n) or None for C, C + 1, ...
     )
     logits = out.logits if batched else out.logits[0]  # ([B,] keep, V)

@@ -25,7 +25,8 @@ from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pip
                                      prepare_for_compile)
 from specdec.runtime.replay import Replay
 from specdec.runtime.tree_logits import TreeLogits, head_reproduces
-from specdec.trees import additive_mask, verify_layout
+from specdec.runtime.windows import layer_masks
+from specdec.trees import verify_layout
 from specdec.types import ExtraRows
 
 __all__ = ["CausalLM", "TreeLogits"]
@@ -277,7 +278,7 @@ class CausalLM:
         if tuple(visible.shape) != (input_ids.shape[0], width):
             raise ValueError(f"visible must be [{input_ids.shape[0]}, {width}] (rows, mask_width), got "
                              f"{tuple(visible.shape)}")
-        mask = additive_mask(visible.to(self.device), self.dtype)  # (1, 1, m, width)
+        mask = self._masks(visible.to(self.device), positions)  # (1, 1, m, width), or one per kind of layer
         return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
 
     def chain(self, fn: Callable[..., Any], rows: int, *args: Any, eager: bool = False) -> Any:
@@ -345,7 +346,7 @@ class CausalLM:
         return None
 
     def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
-             mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+             mask: torch.Tensor | dict[str, torch.Tensor] | None = None, positions: torch.Tensor | None = None,
              step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         kv = self._kv
         kv.reserve(input_ids.shape[0])
@@ -356,7 +357,7 @@ class CausalLM:
         args = (kv.cache, input_ids, keep, hidden, mask, positions)
         run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
         out = run(*args) if run is not None else model_forward(self.model, *args)
-        kv.advanced(input_ids.shape[0])
+        kv.advanced(input_ids.shape[0], positions)
         return out
 
     def _table_positions(self, n: int) -> torch.Tensor | None:
@@ -367,7 +368,8 @@ class CausalLM:
         rows = torch.arange(n, device=self.device) + self._kv.length  # (n,)
         return rows.clamp(max=self.max_positions - 1)[None]
 
-    def _causal(self, n: int, positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _causal(self, n: int, positions: torch.Tensor | None
+                ) -> tuple[torch.Tensor | dict[str, torch.Tensor], torch.Tensor]:
         """The explicit causal mask [1, 1, n, mask_width(n)] and position ids [1, n] of n rows fed
         after the cached prefix (`positions` kept when given)."""
         base = self._kv.length
@@ -376,7 +378,17 @@ class CausalLM:
         visible = columns[None] <= rows[:, None]  # (n, W): the prefix, the earlier rows, itself
         if positions is None:
             positions = self._table_positions(n)  # padding past a learned table
-        return additive_mask(visible, self.dtype), rows[None] if positions is None else positions
+        positions = rows[None] if positions is None else positions  # (1, n)
+        return self._masks(visible, positions[0]), positions
+
+    def _masks(self, visible: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The additive mask [1, 1, m, W] of m rows at positions [m] seeing the columns visible
+        [m, W] names; a sliding layer's sees only the columns within its window
+        (`specdec.runtime.windows`), and models that mix kinds of layer take one mask per kind."""
+        kv = self._kv
+        keys = kv.key_positions(positions[None])  # (1, W) on the cache's device, which a pipeline may not share
+        return layer_masks(kv.attention, visible[None], positions[None], None if keys is None else keys.to(self.device),
+                           self.dtype)
 
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions, exactly.

@@ -1,0 +1,73 @@
+"""Sliding-window attention on the static cache: which of a model's attention layers slide and by
+how far, and the masks that enforce a window over position-addressed storage.
+
+The static cache (`specdec.runtime.cache.KV`) keeps a sliding layer's keys and values at every
+position of the context, as it keeps a full-attention layer's, so rollback is a length, a tree's
+accepted path is gathered, and a batch's holes are masked as in any other layer (sliding-window
+attention: Beltagy et al. 2020, "Longformer"; Jiang et al. 2023, "Mistral 7B").
+The window lives in the 4D mask: a query at position q sees the key at position k only when
+q - k < W, transformers' rule. transformers builds that mask itself for a causal forward over
+such storage; a forward given an explicit mask (a token tree, a batch, a pipelined model) gets
+one mask per kind of layer from `layer_masks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Attention", "attention_kinds", "layer_masks", "within_window"]
+
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer types, the keys of its mask mappings
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A model's kinds of attention layer: whether some attend to the whole context (`full`), and
+    the window W of those that slide (None when none does)."""
+
+    full: bool
+    window: int | None
+
+    @property
+    def sliding(self) -> bool:
+        return self.window is not None
+
+
+def attention_kinds(config: Any) -> Attention:
+    """The attention layers of a model with this config: transformers' `layer_types` where the
+    config lists them, else every layer sliding when `sliding_window` is set (Mistral's rule)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    types = getattr(text, "layer_types", None)
+    if types is None:
+        types = [SLIDING if window is not None else FULL] * int(text.num_hidden_layers)
+    slides = SLIDING in types
+    if slides and not (isinstance(window, int) and window >= 1):
+        raise ValueError(f"{type(config).__name__} has sliding-attention layers but sliding_window is {window!r}; "
+                         "set it to the window in positions")
+    return Attention(full=FULL in types or not slides, window=int(window) if slides else None)
+
+
+def within_window(visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """visible [B, R, C] (True = attend) kept only where query position minus key position is
+    below `window`: queries [B, R] are the rows' positions, keys [B, C] the columns'."""
+    return visible & (queries[:, :, None] - keys[:, None, :] < window)  # (B, R, C)
+
+
+def layer_masks(kinds: Attention, visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor | None,
+                dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The additive masks [B, 1, R, C] of a forward whose rows at positions queries [B, R] see the
+    columns visible [B, R, C] names, the columns holding positions keys [B, C] (None: no layer
+    slides). One mask when every layer is of one kind; a mapping by layer type otherwise, which
+    the models that mix kinds (Gemma 2 and 3, GPT-OSS, Cohere2) take in place of one mask."""
+    masks = {FULL: visible} if kinds.full else {}
+    if kinds.window is not None:
+        if keys is None:
+            raise ValueError("the sliding layers' mask needs the positions its columns hold")
+        masks[SLIDING] = within_window(visible, queries, keys, kinds.window)
+    additive = {kind: torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
+        ~seen, torch.finfo(dtype).min)[:, None] for kind, seen in masks.items()}  # (B, 1, R, C) each
+    return next(iter(additive.values())) if len(additive) == 1 else additive
