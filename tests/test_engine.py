@@ -127,13 +127,13 @@ def test_an_overflowing_forward_is_refused_before_it_writes() -> None:
 
 
 def test_models_that_cannot_hold_a_static_cache_say_why() -> None:
-    from test_hybrid import tiny_hybrid
+    from test_hybrid import tiny_mamba_hybrid
 
-    hybrid = tiny_hybrid(vocab_size=VOCAB)
+    hybrid = tiny_mamba_hybrid(vocab_size=VOCAB)
     lm = CausalLM(hybrid)
-    assert lm.static_obstacle is not None and "linear-attention" in lm.static_obstacle
+    assert lm.static_obstacle is not None and "snapshot and replay" in lm.static_obstacle
     lm.reset(256)
-    assert not lm.static, "a hybrid model keeps its dynamic cache"
+    assert not lm.static, "a Mamba2 hybrid keeps its dynamic cache"
 
 
 def test_a_sliding_window_model_holds_every_position_in_its_static_cache() -> None:

@@ -1,7 +1,9 @@
 """Hybrid targets (Qwen3-Next: GatedDeltaNet linear attention beside full attention).
 
-Their recurrent state cannot be cropped; `CausalLM` snapshots it before each forward and a
-rollback restores a snapshot and replays the ids up to the new length. transformers' reference
+Their recurrent state cannot be cropped. On the static cache (what decoding uses) each verify
+keeps the state after every row and the commit takes the accepted one (`specdec.runtime.linear`);
+on a dynamic cache `CausalLM` snapshots it before each forward and a rollback restores a snapshot
+and replays the ids up to the new length (as it does for Mamba2 hybrids). transformers' reference
 gated-delta kernels compute in float32 whatever the model's dtype, so two fresh forwards that
 split a sequence differently already disagree by ~1e-8; the exactness and parity tests swap in
 a float64 kernel of the same recurrence (checked against the reference), and one test checks
@@ -10,21 +12,27 @@ the stock kernels bit for bit against a run that needed no rollback.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import transformers.models.qwen3_next.modeling_qwen3_next as qwen3_next
-from transformers import PreTrainedModel, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (BambaConfig, BambaForCausalLM, DynamicCache, PreTrainedModel, Qwen3NextConfig,
+                          Qwen3NextForCausalLM)
 
 import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 from specdec.protocols import DraftContext
 from specdec.runtime.cache import uncroppable_layers
+from specdec.runtime.engine import compile_failures
+from specdec.runtime.linear import LinearStates
 from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
-from drafters_for_tests import GarbageDrafter
+from drafters_for_tests import GarbageDrafter, RandomTreeDrafter
 from test_lossless_statistical import ALPHA, PROMPT, VOCAB, chi_square_p_value, exact_distribution, sample_counts
 from tiny import hf_greedy, tiny_model
 
@@ -39,7 +47,7 @@ def gated_delta_float64(query, key, value, g, beta, initial_state=None, output_f
     dtype, heads = query.dtype, value.shape[2]
     query, key = (x.double().repeat_interleave(heads // x.shape[2], dim=2) for x in (query, key))
     if use_qk_l2norm_in_kernel:
-        query, key = (F.normalize(x, dim=-1, eps=1e-6) for x in (query, key))
+        query, key = (x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6) for x in (query, key))  # transformers' l2norm
     query = query / query.shape[-1] ** 0.5
     value, g, beta = value.double(), g.double(), beta.double()
     batch, steps, _, dk = key.shape
@@ -77,6 +85,18 @@ def tiny_hybrid(vocab_size: int = 64, hidden: int = 32, seed: int = 0, head_scal
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(head_scale)
     return model
+
+
+def tiny_mamba_hybrid(vocab_size: int = 64, seed: int = 0) -> PreTrainedModel:
+    """A random Bamba in float64: a Mamba2 layer, then an attention layer (transformers' reference
+    PyTorch kernels). Its Mamba2 state rolls back by snapshot and replay, on a dynamic cache."""
+    torch.manual_seed(seed)
+    config = BambaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_layer_indices=[1], mamba_n_heads=4,
+                         mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=1,
+                         max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                         tie_word_embeddings=False)
+    return BambaForCausalLM(config).to(torch.float64).eval()
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +151,84 @@ def test_rollback_then_forward_equals_a_fresh_forward(hybrid, chunks, length):
         fresh = hybrid(input_ids=IDS[None, : length + 4], output_hidden_states=True)
     torch.testing.assert_close(logits, fresh.logits[0, length:], rtol=0, atol=1e-10)
     torch.testing.assert_close(hidden, fresh.hidden_states[-1][0, length:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(("chunks", "length"), ROLLBACKS)
+def test_a_static_rollback_commits_the_state_kept_for_that_position(hybrid, chunks, length):
+    """The same chunks fed as fixed-shape steps on the static cache (each row's state kept, padded
+    to one more row): the rollback takes the state after position length - 1, without a replay."""
+    lm = CausalLM(hybrid)
+    with torch.inference_mode():
+        lm.reset(64)
+        start = 0
+        for size in chunks:
+            lm.forward(IDS[start : start + size], keep=1, rows=size + 1)
+            start += size
+        lm.rollback(length)
+        assert lm.cache_length == length and lm._replay is None
+        logits, hidden = lm.forward(IDS[length : length + 4], keep=4, hidden=(lm.num_layers,))
+        fresh = hybrid(input_ids=IDS[None, : length + 4], output_hidden_states=True)
+    torch.testing.assert_close(logits, fresh.logits[0, length:], rtol=0, atol=1e-10)
+    torch.testing.assert_close(hidden, fresh.hidden_states[-1][0, length:], rtol=0, atol=1e-10)
+
+
+def test_a_static_rollback_before_the_last_commit_is_refused(hybrid):
+    lm = CausalLM(hybrid)
+    with torch.inference_mode():
+        lm.reset(64)
+        lm.forward(IDS[:8], keep=1)  # a prefill: committed as it is fed
+        lm.forward(IDS[8:12], keep=1, rows=4)
+        with pytest.raises(ValueError, match="committed 8 positions"):
+            lm.rollback(5)
+        lm.rollback(10)
+        with pytest.raises(ValueError, match="committed 10 positions"):
+            lm.rollback(9)
+
+
+STEPS = st.lists(st.tuples(st.sampled_from(["chain", "tree"]), st.integers(1, 4), st.randoms(use_true_random=False)),
+                 min_size=1, max_size=6)
+
+
+@settings(max_examples=25)
+@given(prompt=st.integers(1, 9), steps=STEPS)
+def test_after_any_verifies_each_linear_layer_holds_the_state_of_a_plain_forward(hybrid, prompt, steps):
+    """Random chains (padded, rolled back to a random acceptance) and random trees (a random root
+    path kept) on the static cache: every row's logits equal a plain forward's, and after each
+    commit every GatedDeltaNet layer's recurrent state and conv window equal those a plain forward
+    over the committed tokens leaves in transformers' own cache."""
+    lm = CausalLM(hybrid)
+    lm.reset(96)
+    committed = [int(i) for i in IDS[:prompt]]
+    with torch.inference_mode():
+        if prompt > 1:
+            lm.forward(torch.tensor(committed[:-1]), keep=1)
+        for kind, size, rnd in steps:
+            base = len(committed) - 1
+            drafts = [rnd.randrange(64) for _ in range(size)]
+            if kind == "chain":
+                logits, _ = lm.forward(torch.tensor(committed[-1:] + drafts), keep=size + 1, rows=5)
+                path = list(range(rnd.randint(0, size)))
+                lm.rollback(base + 1 + len(path))
+                shown = logits[: 1 + len(path)]
+            else:
+                parents = [-1] + [rnd.randrange(-1, i) for i in range(1, size)]
+                tree = lm.forward_tree(torch.tensor(committed[-1:] + drafts), parents, rows=6)
+                node, path = rnd.randrange(-1, size), []
+                while node >= 0:
+                    path.insert(0, node)
+                    node = parents[node]
+                lm.keep_path(base, [0] + [i + 1 for i in path])
+                shown = torch.stack([tree.row(r) for r in [0] + [i + 1 for i in path]])
+            sequence = committed + [drafts[i] for i in path]
+            cache = DynamicCache(config=hybrid.config)
+            reference = hybrid(input_ids=torch.tensor([sequence]), cache=cache, use_cache=True).logits[0, base:]
+            torch.testing.assert_close(shown, reference, rtol=0, atol=1e-10)
+            for index, layer in enumerate(lm.cache.layers):
+                if isinstance(layer, LinearStates):
+                    theirs = cache.layers[index]
+                    torch.testing.assert_close(layer.state, theirs.recurrent_states[0], rtol=0, atol=1e-10)
+                    torch.testing.assert_close(layer.window, theirs.conv_states[0], rtol=0, atol=1e-12)
+            committed = sequence + [rnd.randrange(64)]
 
 
 def test_repeated_steps_stay_exact(hybrid):
@@ -203,6 +301,7 @@ GREEDY_DRAFTERS = {
     "self-draft": lambda target: DraftModelDrafter(target),
     "llama-draft": lambda target: DraftModelDrafter(tiny_model("llama", vocab_size=64, seed=1)),
     "garbage": lambda target: GarbageDrafter(seed=3),
+    "tree": lambda target: RandomTreeDrafter(seed=3),  # each node's state from its parent's
 }
 
 
@@ -218,24 +317,36 @@ def test_greedy_matches_transformers(hybrid, key):
         assert result.stats.drafted > 0
 
 
-def test_sampling_with_rejections_is_lossless_on_a_hybrid_target():
+@pytest.mark.parametrize("drafter", ["draft-model", "sampled-tree"])
+def test_sampling_with_rejections_is_lossless_on_a_hybrid_target(drafter):
     target = tiny_hybrid(vocab_size=VOCAB, hidden=16, head_scale=8.0)
     draft = tiny_model("llama", vocab_size=VOCAB, seed=1, layers=1, hidden=16, head_scale=8.0)
+    proposer = DraftModelDrafter(draft) if drafter == "draft-model" else RandomTreeDrafter(seed=3, sampled=True)
     sampling = Sampling(temperature=1.0)
-    counts, drafted, accepted, deep = sample_counts(target, DraftModelDrafter(draft), sampling, runs=600)
+    counts, drafted, accepted, deep = sample_counts(target, proposer, sampling, runs=600)
     assert 0 < accepted < drafted and deep > 0, (drafted, accepted, deep)
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, sampling))
-    assert p_value >= ALPHA, f"hybrid target with a draft model is not lossless: chi-square p = {p_value:.3g}"
+    assert p_value >= ALPHA, f"hybrid target with {drafter} is not lossless: chi-square p = {p_value:.3g}"
 
 
-def test_compile_keeps_a_hybrid_target_on_its_snapshot_and_replay_path_with_one_message(hybrid):
-    """The hybrid target decodes eagerly on its dynamic cache; its llama draft model compiles."""
+def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_trees(hybrid):
+    """Its GatedDeltaNet layers keep each row's state in the compiled verify (chains padded to
+    k + 1 rows, trees to their node budget), with no snapshot and no replay: the tokens are
+    transformers'. The experts run as batched matmuls, which compile (the eager ones do not)."""
+    from drafters_for_tests import OracleTreeDrafter
+
     prompt = [3, 17, 9, 3, 17, 9, 3, 17]
-    draft = tiny_model("llama", vocab_size=64, seed=1, dtype=torch.float32).double()
-    with pytest.warns(UserWarning, match="Qwen3NextForCausalLM decodes eagerly: its linear-attention layers") as caught:
-        result = specdec.generate(hybrid, prompt, drafter=DraftModelDrafter(draft), max_new_tokens=20, compile=True)
-    assert sum("decodes eagerly" in str(w.message) for w in caught) == 1
-    assert result.tokens == hf_greedy(hybrid, prompt, 20)
-    lm = CausalLM(hybrid)
-    lm.reset(256, compile=True)
-    assert not lm.static and not lm.compiled
+    expected = hf_greedy(hybrid, prompt, 20)
+    hybrid.set_experts_implementation("batched_mm")
+    try:
+        for drafter in (GarbageDrafter(seed=1), OracleTreeDrafter(prompt + expected, seed=2)):
+            lm = CausalLM(hybrid)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # no fallback, no message
+                result = specdec.generate(lm, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20,
+                                          compile=True)
+            assert result.tokens == expected
+            assert lm.static and lm.compiled and lm._replay is None, compile_failures()
+        assert result.stats.mean_accepted_length > 2, "the tree's accepted paths were gathered"
+    finally:
+        hybrid.set_experts_implementation("eager")

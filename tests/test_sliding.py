@@ -75,16 +75,37 @@ def test_models_that_mix_kinds_of_layer_get_one_mask_per_kind() -> None:
 
 @pytest.mark.parametrize("arch, kinds", [("mistral", Attention(False, WINDOW)), ("gemma3", Attention(True, WINDOW)),
                                          ("gpt_oss", Attention(True, WINDOW)), ("llama", Attention(True, None))])
-def test_the_kinds_of_attention_come_from_the_config(arch: str, kinds: Attention) -> None:
-    model = _target(arch) if arch != "llama" else tiny_model("llama", vocab_size=VOCAB)
-    assert attention_kinds(model.config) == kinds
+def test_the_kinds_of_attention_are_those_the_forward_masks(arch: str, kinds: Attention) -> None:
+    """A Llama given a stray sliding_window attends fully (its forward never builds a window)."""
+    assert attention_kinds(tiny_model(arch, vocab_size=VOCAB, sliding_window=WINDOW)) == kinds
+
+
+def test_a_model_that_builds_one_mask_slides_in_every_layer_whatever_its_layer_types() -> None:
+    """Mistral accepts layer_types but windows every layer (one mask): so do its trees."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(1)
+    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=WINDOW,
+                           layer_types=["sliding_attention", "full_attention"], bos_token_id=None, eos_token_id=None,
+                           pad_token_id=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers notes that Mistral ignores layer_types
+        model = MistralForCausalLM(config).to(torch.float64).eval()
+    assert attention_kinds(model) == Attention(False, WINDOW)
+    reference, ids = [], list(PROMPT)  # greedy by full forwards: transformers' own cache mixes kinds here
+    with torch.inference_mode():
+        for _ in range(24):
+            reference.append(int(model(input_ids=torch.tensor([ids + reference])).logits[0, -1].argmax()))
+    assert specdec.generate(model, PROMPT, drafter=RandomTreeDrafter(seed=1), num_draft_tokens=3,
+                            max_new_tokens=24).tokens == reference
 
 
 def test_a_sliding_layer_without_a_window_is_refused_by_name() -> None:
-    config = _target("gemma3").config
-    config.sliding_window = None
+    model = _target("gemma3")
+    model.config.sliding_window = None
     with pytest.raises(ValueError, match="sliding_window is None"):
-        attention_kinds(config)
+        attention_kinds(model)
 
 
 # --- the static cache: exact after any sequence of verifies ------------------------------------------

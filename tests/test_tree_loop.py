@@ -32,7 +32,7 @@ from specdec.trees import depths, first_path, path_to
 from specdec.types import Draft
 from specdec.verifier import DraftError
 from test_greedy_parity import VOCAB, _target
-from test_hybrid import gated_delta_float64, tiny_hybrid
+from test_hybrid import gated_delta_float64, tiny_hybrid, tiny_mamba_hybrid
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as STAT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution, sample_counts)
 from test_verifier_tree import verify_tree_siblings_against_p, verify_tree_stale_bonus
@@ -431,9 +431,9 @@ def float64_kernels(monkeypatch):
 
 
 FALLBACK_TARGETS = {
-    "hybrid-qwen3-next": lambda: tiny_hybrid(vocab_size=VOCAB),
+    "mamba2-hybrid-bamba": lambda: tiny_mamba_hybrid(vocab_size=VOCAB),
 }
-FALLBACK_REASONS = {"hybrid-qwen3-next": "linear-attention"}
+FALLBACK_REASONS = {"mamba2-hybrid-bamba": "dynamic cache"}
 
 
 @pytest.mark.parametrize("drafter_key", ["oracle-first", "garbage-tree", "sampled-tree"])
@@ -441,7 +441,9 @@ FALLBACK_REASONS = {"hybrid-qwen3-next": "linear-attention"}
 def test_untreeable_targets_verify_the_first_child_path_with_one_warning(float64_kernels, target_key: str,
                                                                          drafter_key: str) -> None:
     model = FALLBACK_TARGETS[target_key]()
-    reason = CausalLM(model).tree_obstacle
+    lm = CausalLM(model)
+    lm.reset(256)
+    reason = lm.tree_obstacle
     assert reason is not None and FALLBACK_REASONS[target_key] in reason
     expected = hf_greedy(model, PROMPT, 16)
     drafter = {"oracle-first": lambda: OracleTreeDrafter(PROMPT + expected, seed=2, branches=3, first=True),
@@ -469,7 +471,7 @@ def test_untreeable_targets_verify_the_first_child_path_with_one_warning(float64
 
 
 def test_fallback_warns_once_per_generate_call(float64_kernels) -> None:
-    model = FALLBACK_TARGETS["hybrid-qwen3-next"]()
+    model = FALLBACK_TARGETS["mamba2-hybrid-bamba"]()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for seed in range(2):

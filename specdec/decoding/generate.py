@@ -38,8 +38,8 @@ def generate(
     (`specdec.teaching.trace`); recording costs a softmax per step. `compile=True` runs the target's and
     the drafter's fixed-shape steps through `torch.compile` (CUDA graphs on CUDA); the tokens
     are those of eager decoding. Graphs are kept for later calls with the same shapes; a model
-    that cannot run on a static cache (linear attention) decodes eagerly, with a warning saying
-    why.
+    that cannot run on a static cache (Mamba2 layers, chunked or flash attention, a model
+    transformers runs on dynamic caches only) decodes eagerly, with a warning saying why.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)

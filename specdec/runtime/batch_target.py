@@ -67,6 +67,10 @@ class BatchLM:
                              "by one with specdec.generate")
         self.lm, self.capacity, self.rows = lm, capacity, rows
         self.kv = KV(lm.model, capacity)  # kv.length: the columns written (`width`)
+        if self.kv.recurrent:
+            raise ValueError(f"{type(lm.model).__name__} cannot decode a batch: its linear-attention layers keep "
+                             "one state per position of one sequence, not per batch row; decode its prompts one by "
+                             "one with specdec.generate")
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=lm.device)  # (B, C) kept columns
         self.base = 0  # the first column of the last forward
         if compile:

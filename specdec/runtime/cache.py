@@ -9,14 +9,17 @@ takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumul
   length: nothing is copied, the stale entries beyond it are masked (by causality, or by a tree's
   mask) and overwritten by the next forward, as in gpt-fast. Fixed shapes, so compiled graphs and
   CUDA graphs can replay. A sliding layer's window is enforced by the mask
-  (`specdec.runtime.windows`), for which the cache keeps the position each column holds.
+  (`specdec.runtime.windows`), for which the cache keeps the position each column holds. A
+  GatedDeltaNet layer keeps its state per row fed since the last commit
+  (`specdec.runtime.linear.LinearStates`): a rollback commits the row it lands on.
 - Dynamic (`KV` without one): transformers' `DynamicCache`, grown by concatenation and cropped.
   With `activate_past_recording`, sliding-window layers and the conv states of linear-attention
   layers keep what a crop needs, so `crop` cuts them back exactly. The recurrent state of a
   linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: `snapshot`
   copies it (fixed size) before a forward, and `restore` crops everything else and copies it
-  back; the caller replays the ids in between. Models with such layers always take the dynamic
-  cache (`static_obstacle` says why), where sliding layers keep transformers' window-sized ring.
+  back; the caller replays the ids in between. Models with recurrent layers other than GatedDeltaNet
+  (Mamba2) always take the dynamic cache (`static_obstacle` says why); there sliding layers keep
+  transformers' window-sized ring.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
-                                      DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, StaticLayer,
-                                      StaticSlidingWindowLayer)
+                                      DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer,
+                                      StaticLayer, StaticSlidingWindowLayer, get_layer_types_and_kwargs)
 
+from specdec.runtime.linear import LinearStates, TreeLayout, linear_dims, served_layers
 from specdec.runtime.windows import SLIDING, attention_kinds
 
 __all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
@@ -154,15 +158,18 @@ def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
 
     A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
     can be gathered: full-attention layers, and on a static cache sliding ones too (a dynamic
-    cache keeps those in a ring); no recurrent state.
+    cache keeps those in a ring) and GatedDeltaNet layers (each row's state from its parent's).
     """
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     if attention not in _TREE_ATTENTION:
         return (f"its attention implementation {attention!r} takes no custom 4D mask "
                 f"(load it with attn_implementation='sdpa' or 'eager')")
     for layer in cache.layers:
+        if isinstance(layer, LinearStates):
+            continue  # each row's state from its parent's (`specdec.runtime.linear`)
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            return "it has linear-attention layers, whose recurrent state cannot hold a tree's branches"
+            return ("its linear-attention layers are on a dynamic cache, whose one recurrent state cannot hold a "
+                    "tree's branches")
         if type(layer) not in (DynamicLayer, StaticLayer, DummyLayer):
             return f"its {type(layer).__name__} cache layers cannot gather a tree's accepted path"
     return None
@@ -194,6 +201,8 @@ def set_static_length(cache: Cache, length: torch.Tensor) -> None:
     for layer in cache.layers:
         if isinstance(layer, StaticLayer) and layer.is_initialized:
             layer.cumulative_length.copy_(length)
+        elif isinstance(layer, LinearStates):
+            layer.set_length(length)
 
 
 def gather_columns(cache: Cache, order: torch.Tensor) -> None:
@@ -222,11 +231,13 @@ def select_batch(cache: Cache, rows: torch.Tensor) -> None:
 
 def static_cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
     """Bytes of the keys and values a static cache of `capacity` positions holds for a model with
-    `config`: attention layers (full or sliding) x 2 x KV heads x head dim x capacity x the dtype's size."""
+    `config`: attention layers (full or sliding) that hold their own x 2 x KV heads x head dim x
+    capacity x the dtype's size (a model whose layers differ in head dim, Gemma 4's, is not counted
+    right)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-    types = getattr(text, "layer_types", None) or ["full_attention"] * int(text.num_hidden_layers)
+    types = get_layer_types_and_kwargs(text)[0]  # layers sharing another's keys and values are "dummy"
     layers = sum(1 for kind in types if kind in ("full_attention", SLIDING))  # a sliding layer holds every position too
     return layers * 2 * heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
 
@@ -236,7 +247,9 @@ def _static_cache(config: Any, capacity: int) -> StaticCache:
     ring replaced by a full-length layer: a ring cannot be rolled back, and the window is the
     mask's business (`specdec.runtime.windows`)."""
     cache = StaticCache(config=config, max_cache_len=capacity)
-    cache.layers = [StaticLayer(max_cache_len=capacity) if isinstance(layer, StaticSlidingWindowLayer) else layer
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cache.layers = [StaticLayer(max_cache_len=capacity) if isinstance(layer, StaticSlidingWindowLayer)
+                    else LinearStates(**linear_dims(text)) if type(layer) is LinearAttentionLayer else layer
                     for layer in cache.layers]
     return cache
 
@@ -247,9 +260,10 @@ def static_obstacle(owner: Any) -> str | None:
     A static cache serves full- and sliding-attention layers (and stateless MoE/MLP layers) of a
     model whose attention masks the cache's unused tail (eager or sdpa attention; flash attention
     reads the whole buffer unless given a 2D mask) and that transformers can run on one
-    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot). Chunked attention
-    (Llama 4) has no rule here, and linear-attention state rolls back only by snapshot and replay;
-    these stay on the dynamic cache.
+    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot), and its GatedDeltaNet
+    linear-attention layers (`specdec.runtime.linear`). Chunked attention (Llama 4) has no rule
+    here, and other recurrent layers (Mamba) roll back only by snapshot and replay; these stay on
+    the dynamic cache.
     """
     if isinstance(owner, PreTrainedModel) and getattr(owner, "_can_compile_fullgraph", False) is not True:
         return f"transformers runs {type(owner).__name__} on dynamic caches only (_can_compile_fullgraph is false)"
@@ -257,16 +271,21 @@ def static_obstacle(owner: Any) -> str | None:
     if attention not in _TREE_ATTENTION:
         return (f"its attention implementation {attention!r} would read a static cache's stale tail "
                 "(load it with attn_implementation='sdpa' or 'eager')")
-    for layer in new_cache(owner).layers:
+    layers = new_cache(owner).layers
+    recurrent = sum(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
+    if recurrent and served_layers(owner) != recurrent:
+        return ("its linear-attention layers are not the GatedDeltaNet layers (Qwen3-Next, Qwen3.5) kept per "
+                "position on the static cache; they roll back by snapshot and replay, on a dynamic cache")
+    for layer in layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin):
-            return "its linear-attention layers roll back by snapshot and replay, on a dynamic cache"
+            continue
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) and not isinstance(layer, DummyLayer):
             return f"its {type(layer).__name__} cache layers cannot be rolled back in a static cache"
     text = owner.config.get_text_config() if hasattr(owner.config, "get_text_config") else owner.config
     odd = sorted({kind for kind in getattr(text, "layer_types", None) or [] if "chunked" in kind})
     if odd:
         return f"its {', '.join(odd)} layers (attention within chunks) have no mask rule on the static cache"
-    attention_kinds(owner.config)  # a sliding layer without a window is refused by name
+    attention_kinds(owner)  # a sliding layer without a window is refused by name
     return None
 
 
@@ -280,20 +299,33 @@ class KV:
 
     def __init__(self, owner: Any, capacity: int | None = None) -> None:
         self.capacity = capacity
-        self.attention = attention_kinds(owner.config)
+        self.attention = attention_kinds(owner)
         self.cache: Cache = new_cache(owner) if capacity is None else _static_cache(owner.config, capacity)
         self.length = 0
         self._layers = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]
+        self._linear = [layer for layer in self.cache.layers if isinstance(layer, LinearStates)]
+        first = next(owner.parameters(), None)
+        self._dtype = first.dtype if first is not None else torch.float32
+        self._device = first.device if first is not None else torch.device("cpu")
         # the position each column holds, per batch row [B, C], which a sliding layer's mask reads;
         # kept by static caches of models with sliding layers (elsewhere column c holds position c)
         self.positions: torch.Tensor | None = None
         if capacity is not None and self.attention.sliding:
-            first = next(owner.parameters(), None)
-            self.positions = torch.arange(capacity, device=first.device if first is not None else None)[None]
+            self.positions = torch.arange(capacity, device=self._device)[None]
 
     @property
     def static(self) -> bool:
         return self.capacity is not None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the cache keeps linear-attention layers per position (`LinearStates`)."""
+        return bool(self._linear)
+
+    @property
+    def kernel(self) -> int:
+        """The conv kernel of the linear-attention layers (they share one)."""
+        return self._linear[0].kernel
 
     def fits(self, capacity: int | None, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether this static cache can be reused for `capacity` positions of `dtype` on `device`."""
@@ -318,11 +350,22 @@ class KV:
                     total += tensor.numel() * tensor.element_size()
         return total
 
-    def reserve(self, rows: int) -> None:
-        """Check that a forward of `rows` rows fits after the held positions."""
+    def reserve(self, rows: int, layout: str | TreeLayout | None = None) -> None:
+        """Check that a forward of `rows` rows fits after the held positions, and ready the
+        linear-attention layers for it: `layout` None feeds rows that are committed at once (a
+        prefill: whatever rows were kept since the last commit are committed first), CHAIN or a
+        TreeLayout keeps every row's state until the commit (`rollback`, `gather`)."""
         if self.capacity is not None and self.length + rows > self.capacity:
             raise ValueError(f"a forward of {rows} rows after {self.length} cached positions overflows the static "
                              f"cache of {self.capacity} positions; size it for the whole generation")
+        if self._linear:
+            kept = self.length - self._linear[0].anchor
+            if layout is None and kept:
+                self.rollback(self.length)
+                kept = 0
+            for layer in self._linear:
+                layer.ensure(1, self._dtype, self._device, kept + rows if layout is not None else 0)
+                layer.layout = layout
 
     def advanced(self, rows: int, positions: torch.Tensor | None = None) -> None:
         """Record that a forward appended `rows` columns, holding `positions` [B, rows] (None:
@@ -334,6 +377,10 @@ class KV:
             else:
                 self._batch(positions.shape[0])[:, span] = positions.to(self.positions.device)
         self.length += rows
+        for layer in self._linear:
+            if layer.layout is None:  # a forward that kept no rows: its end is committed
+                layer.committed(self.length)
+            layer.layout = None
 
     def _batch(self, rows: int) -> torch.Tensor:
         """The column positions, widened to `rows` batch rows on a batch's first write."""
@@ -370,7 +417,26 @@ class KV:
         return self.capacity if self.capacity is not None else self.length + rows
 
     def rollback(self, length: int) -> None:
-        """Keep the first `length` positions (a recurrent state is the caller's business: `restore`)."""
+        """Keep the first `length` positions and commit them: a linear-attention layer takes the
+        state after position length - 1, which it kept if fed since its last commit (a rollback
+        further back is refused; to 0 it starts afresh). On a dynamic cache a recurrent state is
+        the caller's business (`restore`)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
+        for layer in self._linear:
+            if length == 0:
+                layer.restart()
+            elif length < layer.anchor:
+                raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}: its "
+                                 f"linear-attention layers committed {layer.anchor} positions, and keep the state of "
+                                 "every position fed since then only")
+            else:
+                layer.commit_chain(length)
+        self.retreat(length)
+
+    def retreat(self, length: int) -> None:
+        """Drop the positions past `length` without committing any: the rows kept since the last
+        commit up to `length` stay kept (a padded step's padding goes this way)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
         if self.capacity is None:
@@ -378,6 +444,9 @@ class KV:
         else:
             for layer in self._layers:
                 layer.cumulative_length.fill_(length)
+            for linear in self._linear:
+                if linear.offset is not None:
+                    linear.offset.fill_(length - linear.anchor)
         self.length = length
 
     def gather(self, base: int, rows: list[int]) -> None:
@@ -400,4 +469,12 @@ class KV:
             if self.positions is not None:
                 moved = torch.tensor([base + row for row in rows], dtype=torch.long, device=self.positions.device)
                 self.positions[:, base : base + len(rows)] = self.positions.index_select(1, moved)
+        if self._linear:
+            if base < self._linear[0].anchor:
+                raise ValueError(f"cannot gather rows after position {base}: the linear-attention layers committed "
+                                 f"{self._linear[0].anchor} positions")
+            for layer in self._linear:
+                layer.commit_path(base, rows)
+            self.retreat(base + len(rows))
+            return
         self.rollback(base + len(rows))

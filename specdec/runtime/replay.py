@@ -1,5 +1,6 @@
-"""Rolling back a hybrid model (Qwen3-Next: GatedDeltaNet linear attention beside full attention),
-whose recurrent state is a running sum that no crop can undo.
+"""Rolling back a hybrid model on a dynamic cache (a Mamba2 hybrid such as Bamba; a Qwen3-Next given
+no capacity), whose recurrent state is a running sum that no crop can undo. (On the static cache
+GatedDeltaNet layers keep every row's state instead: `specdec.runtime.linear`.)
 
 Each forward first snapshots the recurrent state (`specdec.runtime.cache.snapshot`, fixed size)
 and keeps the ids it feeds; a rollback restores the latest snapshot at or before the new length,

@@ -3,8 +3,9 @@ that keep only the logits asked for, the hidden states drafters read, token-tree
 forwards, exact rollback to a prefix, and fixed-shape steps that run compiled.
 
 The same adapter serves the target and any drafter that runs a causal LM of its own. The forward
-itself is `specdec.runtime.forward.model_forward`; the cache's bookkeeping is `specdec.runtime.cache.KV`,
-and a hybrid model's rollback (recurrent state restored, then replayed) `specdec.runtime.replay`.
+itself is `specdec.runtime.forward.model_forward`; the cache's bookkeeping is `specdec.runtime.cache.KV`
+(GatedDeltaNet states per row: `specdec.runtime.linear`), and a dynamic-cache hybrid's rollback
+(recurrent state restored, then replayed) `specdec.runtime.replay`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transformers.cache_utils import Cache
 from specdec.distributed.ranks import Ranks, model_ranks
 from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, static_obstacle, tree_obstacle, uncroppable_layers
 from specdec.runtime.engine import Step, fed_step, step_for
+from specdec.runtime.linear import CHAIN, TreeLayout, serve_linear_layers, tree_layout
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
                                      prepare_for_compile)
 from specdec.runtime.replay import Replay
@@ -164,7 +166,9 @@ class CausalLM:
                               self.model, restore=self._restore)
             self._chains = {}
             self._compile = compile
-        self._replay = Replay() if has_recurrent_state(self.kv.cache) else None
+        if self.kv.static and has_recurrent_state(self.kv.cache):
+            serve_linear_layers(self.model)  # their verify forwards keep every row's state
+        self._replay = Replay() if has_recurrent_state(self.kv.cache) and not self.kv.static else None
         self._obstacle = tree_obstacle(self.model, self.kv.cache)
         if self.pipelined and self._obstacle is not None:
             raise ValueError(f"{type(self.model).__name__} is placed across pipeline stages, where every forward "
@@ -188,14 +192,14 @@ class CausalLM:
         if self._replay is not None:
             self._replay.record(kv.cache, input_ids)
         if rows is None or not kv.static:
-            return self._run(input_ids, keep, hidden, step=rows is not None)
+            return self._run(input_ids, keep, hidden, step=rows is not None, layout=None if rows is None else CHAIN)
         if rows < n:
             raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
         base = kv.length
         padded = _pad_ids(input_ids, rows)  # (rows,)
         index = torch.arange(n - keep, n, device=self.device)  # the same graph whatever n
-        logits, states = self._run(padded, index, hidden, step=True)
-        kv.rollback(base + n)  # the padding is stale
+        logits, states = self._run(padded, index, hidden, step=True, layout=CHAIN)
+        kv.retreat(base + n)  # the padding is stale
         return logits, None if states is None else states[:n]
 
     @property
@@ -227,6 +231,9 @@ class CausalLM:
         width = max(rows or 0, n + 1)
         input_ids = _pad_ids(input_ids, width)  # (width,)
         m = 0 if extra is None else extra.tokens.shape[0]
+        if m and self.extra_obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} cannot run extra rows: {self.extra_obstacle}")
+        layout = self._tree_layout(parents, width)
         base = self.cache_length
         rows_visible, offsets = verify_layout(parents, width, extra, self.device)  # (width + m, width + m), (width + m,)
         visible = torch.zeros(width + m, self.mask_width(width + m), dtype=torch.bool, device=self.device)
@@ -238,7 +245,8 @@ class CausalLM:
         if self.learned_positions and self.max_positions:
             positions = positions.clamp(max=self.max_positions - 1)
         if self.hidden_obstacle is not None:  # no hidden states (a pipeline stage): every row's logits
-            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m, step=self._lazy_head is not None)
+            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m, step=self._lazy_head is not None,
+                                            layout=layout)
             self._lazy_head = False
             return TreeLogits(logits.new_empty(n + 1, 0), self.lm_head, logits[: n + 1], extra=logits[-m:] if m else None)
         # the root's and the extra rows' only, once the model is known to compute logits as
@@ -250,7 +258,7 @@ class CausalLM:
             if self._lazy_head else width + m
         extra_layers = () if hidden == (LAST_LAYER,) else hidden  # the last layer is taken once
         logits, out = self.forward_masked(input_ids, positions, visible, keep=keep, hidden=(LAST_LAYER, *extra_layers),
-                                          step=known)
+                                          step=known, layout=layout)
         assert out is not None
         states = out[: n + 1, : self.hidden_size]  # (n + 1, H)
         layers = (out[: n + 1, self.hidden_size :] if extra_layers else states) if hidden else None
@@ -262,24 +270,30 @@ class CausalLM:
             TreeLogits(states, self.lm_head, logits[: n + 1], states=layers, extra=extra_logits)
 
     def forward_masked(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor,
-                       keep: int | torch.Tensor, hidden: tuple[int, ...] = (), step: bool = True
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       keep: int | torch.Tensor, hidden: tuple[int, ...] = (), step: bool = True,
+                       layout: TreeLayout | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [m] at `positions` [m], row r attending to the cache entries and new rows
         where visible[r] [mask_width(m)] is True; the m rows are appended to the cache. `hidden`
         as in `forward`.
 
         The general form of a tree forward, for drafters that grow a tree level by level in
-        their own cache. A fixed-shape step unless `step` is false. Needs `tree_obstacle` None.
+        their own cache. A fixed-shape step unless `step` is false. Needs `tree_obstacle` None;
+        a model with linear-attention layers takes trees only (`forward_tree`, which passes their
+        `layout`: whom each row continues), since a recurrent state follows one path.
         """
         obstacle = self.tree_obstacle
         if obstacle is not None:
             raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
+        if layout is None and self._kv.recurrent:
+            raise ValueError(f"{type(self.model).__name__} has linear-attention layers, whose state follows one path: "
+                             "run token trees with forward_tree")
         width = self.mask_width(input_ids.shape[0])
         if tuple(visible.shape) != (input_ids.shape[0], width):
             raise ValueError(f"visible must be [{input_ids.shape[0]}, {width}] (rows, mask_width), got "
                              f"{tuple(visible.shape)}")
         mask = self._masks(visible.to(self.device), positions)  # (1, 1, m, width), or one per kind of layer
-        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step)
+        return self._run(input_ids, keep, hidden, mask=mask, positions=positions[None], step=step,
+                         layout=layout if layout is not None else CHAIN)
 
     def chain(self, fn: Callable[..., Any], rows: int, *args: Any, eager: bool = False) -> Any:
         """`fn(model, cache, *args)`, a drafter's loop of forwards that appends `rows` positions
@@ -288,7 +302,7 @@ class CausalLM:
         kv = self._kv
         if not kv.static:
             raise ValueError(f"{type(self.model).__name__} has a dynamic cache; run its forwards one by one")
-        kv.reserve(rows)
+        kv.reserve(rows, CHAIN)
         if eager or not kv.initialized:  # transformers allocates a static cache on its first write: never compiled
             out = fn(self.model, kv.cache, *args)
         else:
@@ -318,7 +332,7 @@ class CausalLM:
             logits, _ = self.forward(input_ids, keep=1, rows=rows)
             return self.chain(fn, chain_rows, logits, *args, eager=first)
         base = kv.length
-        kv.reserve(max(rows, n + chain_rows))
+        kv.reserve(max(rows, n + chain_rows), CHAIN)
         padded = _pad_ids(input_ids, rows)  # (rows,)
         inputs = (padded, self._table_positions(rows))  # padding rows sit at a learned table's last entry
         where = torch.tensor([base + n, n - 1]).to(self.device, non_blocking=True)  # (2,): real length, last row
@@ -331,11 +345,29 @@ class CausalLM:
 
     def _restore(self) -> None:
         """Undo what a compiled forward that failed may have written: the cache's length."""
-        self._kv.rollback(self._kv.length)
+        self._kv.retreat(self._kv.length)
 
     def keep_path(self, base: int, rows: list[int]) -> None:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
         self._kv.gather(base, rows)
+
+    @property
+    def extra_obstacle(self) -> str | None:
+        """Why this model cannot run a drafter's extra rows in its verify forward (None when it can)."""
+        if self.tree_obstacle is not None:
+            return self.tree_obstacle
+        if self._kv.recurrent:
+            return "its linear-attention layers follow one path per row, and extra rows see several rows at once"
+        return None
+
+    def _tree_layout(self, parents: list[int], width: int) -> TreeLayout | None:
+        """The linear-attention layout of a tree forward of `width` rows: the root continues the
+        cached prefix, each node its parent, a padding row the root (None without such layers)."""
+        kv = self._kv
+        if not kv.recurrent:
+            return None
+        rows = [-1] + [parent + 1 if parent >= 0 else 0 for parent in parents]
+        return tree_layout(rows + [0] * (width - len(rows)), kv.kernel, self.device)
 
     @property
     def hidden_obstacle(self) -> str | None:
@@ -347,9 +379,11 @@ class CausalLM:
 
     def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
              mask: torch.Tensor | dict[str, torch.Tensor] | None = None, positions: torch.Tensor | None = None,
-             step: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+             step: bool = False, layout: str | TreeLayout | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward; `layout` (CHAIN or a TreeLayout) keeps each row's linear-attention state
+        until the commit, None commits the rows at once (a prefill)."""
         kv = self._kv
-        kv.reserve(input_ids.shape[0])
+        kv.reserve(input_ids.shape[0], layout)
         if mask is None and self.pipelined:
             mask, positions = self._causal(input_ids.shape[0], positions)
         if positions is None and step and kv.static:  # padding rows may run past a learned position table
@@ -391,9 +425,10 @@ class CausalLM:
                            self.dtype)
 
     def rollback(self, length: int) -> None:
-        """Keep the first `length` cached positions, exactly.
+        """Keep the first `length` cached positions, exactly, and commit them.
 
-        Hybrid models can go back to any position since the last rollback or reset.
+        Hybrid models can go back to any position since the last rollback or reset (on the static
+        cache: since the last forward that kept no rows, a prefill).
         """
         kv = self._kv
         if self._replay is None or length == kv.length:

@@ -13,12 +13,14 @@ one mask per kind of layer from `layer_masks`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Attention", "attention_kinds", "layer_masks", "within_window"]
+__all__ = ["Attention", "FULL", "SLIDING", "attention_kinds", "layer_masks", "within_window"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer types, the keys of its mask mappings
 
@@ -36,19 +38,38 @@ class Attention:
         return self.window is not None
 
 
-def attention_kinds(config: Any) -> Attention:
-    """The attention layers of a model with this config: transformers' `layer_types` where the
-    config lists them, else every layer sliding when `sliding_window` is set (Mistral's rule)."""
+def attention_kinds(owner: Any) -> Attention:
+    """The attention layers of `owner` (a transformers model, or a drafter head: anything with a
+    `.config`), as its forward builds their masks, not as its config alone suggests: a model
+    slides only if its forward builds transformers' sliding-window mask; a model whose forward
+    builds one mask per layer type (`causal_mask_mapping`) slides in the layers its config's
+    `layer_types` name; one that builds a single mask (Mistral, Phi-3, Mixtral) applies its window
+    to every layer, whatever `layer_types` says. A stray `sliding_window` on a model that never
+    slides (Llama) means nothing."""
+    config = owner.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
-    types = getattr(text, "layer_types", None)
-    if types is None:
-        types = [SLIDING if window is not None else FULL] * int(text.num_hidden_layers)
-    slides = SLIDING in types
+    builds = _mask_builders(type(getattr(owner, "base_model", owner)))
+    if builds is None or SLIDING not in builds[0] or window is None and not builds[1]:
+        return Attention(full=True, window=None)  # no sliding mask (Mistral without a window: none either)
+    types = getattr(text, "layer_types", None) if builds[1] else None
+    slides = SLIDING in types if types is not None else True
     if slides and not (isinstance(window, int) and window >= 1):
         raise ValueError(f"{type(config).__name__} has sliding-attention layers but sliding_window is {window!r}; "
                          "set it to the window in positions")
-    return Attention(full=FULL in types or not slides, window=int(window) if slides else None)
+    return Attention(full=FULL in types if types is not None else False, window=int(window) if slides else None)
+
+
+@functools.cache
+def _mask_builders(cls: type) -> tuple[str, bool] | None:
+    """What a model class's forward does with masks: (the kinds it builds, whether it builds a
+    mapping by layer type); None when its source cannot be read (then it is taken to slide nowhere)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    kinds = (SLIDING if "create_sliding_window_causal_mask" in source else "") + FULL
+    return kinds, "causal_mask_mapping" in source
 
 
 def within_window(visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
