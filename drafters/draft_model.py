@@ -138,7 +138,7 @@ class DraftModelDrafter:
             return Draft(ctx.tokens[:0])
         pending = ctx.tokens[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
         if self.tree is not None:
-            obstacle = self.lm.tree_obstacle
+            obstacle = self.lm.masked_obstacle
             if obstacle is not None:
                 raise ValueError(f"draft-model: tree=True needs a draft model that can run tree forwards, but "
                                  f"{type(self.lm.model).__name__} cannot: {obstacle}")

@@ -231,6 +231,23 @@ def test_after_any_verifies_each_linear_layer_holds_the_state_of_a_plain_forward
             committed = sequence + [rnd.randrange(64)]
 
 
+def test_forward_costs_measure_a_hybrid_target_and_leave_its_cache_static(hybrid):
+    """Timing a step cuts the cache back without committing (a commit could not be undone)."""
+    from specdec.runtime.timing import forward_costs, tree_forward_costs
+
+    lm = CausalLM(hybrid)
+    chains = forward_costs(lm, IDS[:9], [1, 4], repeats=2)
+    trees = tree_forward_costs(lm, IDS[:9], [5], repeats=2)
+    assert all(seconds > 0 for seconds in [*chains.values(), *trees.values()])
+    assert lm.static and lm.cache_length == 0 and lm.tree_obstacle is None
+
+
+def test_a_hybrid_draft_model_cannot_grow_trees_level_by_level_and_says_so_first(hybrid):
+    drafter = DraftModelDrafter(hybrid, tree=True)
+    with pytest.raises(specdec.verifier.DraftError, match="follow one path per row"):
+        specdec.generate(tiny_model("llama", vocab_size=64), [3, 17, 9, 3], drafter=drafter, max_new_tokens=4)
+
+
 def test_repeated_steps_stay_exact(hybrid):
     lm = CausalLM(hybrid)
     with torch.inference_mode():

@@ -437,7 +437,7 @@ class KV:
     def retreat(self, length: int) -> None:
         """Drop the positions past `length` without committing any: the rows kept since the last
         commit up to `length` stay kept (a padded step's padding goes this way)."""
-        if not 0 <= length <= self.length:
+        if not 0 <= length <= self.length or self._linear and length < self._linear[0].anchor:
             raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
         if self.capacity is None:
             crop_cache(self.cache, length)

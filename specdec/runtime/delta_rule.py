@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["gated_delta_tree", "tree_conv"]
+__all__ = ["gated_delta_chain", "gated_delta_tree", "tree_conv"]
 
 
 def gated_delta_tree(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
@@ -28,13 +28,8 @@ def gated_delta_tree(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     row's number of ancestors among the rows plus one (a chain of n rows: n). Computed in float32,
     or in the inputs' dtype when wider, as transformers' kernels do; the states keep that dtype.
     """
-    dtype = torch.promote_types(value.dtype, torch.float32)
-    heads = value.shape[2]
-    query, key = (x.to(dtype).repeat_interleave(heads // x.shape[2], dim=2) for x in (query, key))
-    query, key = _l2norm(query), _l2norm(key)
-    query = query / query.shape[-1] ** 0.5
-    value, g, beta = value.to(dtype), g.to(dtype), beta.to(dtype)
-    decay = g.exp()[..., None, None]  # (B, n, Hv, 1, 1)
+    query, key, value, decay, beta = _prepared(query, key, value, g, beta)
+    dtype = value.dtype
     batch, rows = parents.shape
     start = torch.cat([tip.to(dtype)[:, None], torch.zeros(batch, rows, *tip.shape[1:], dtype=dtype,
                                                               device=tip.device)], dim=1)  # (B, 1 + n, Hv, Dk, Dv)
@@ -47,6 +42,33 @@ def gated_delta_tree(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         states = before + key[..., :, None] * delta[..., None, :]
     out = torch.einsum("bnhkv,bnhk->bnhv", states, query)
     return out, states
+
+
+def gated_delta_chain(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, tip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gated_delta_tree` for a chain (each row's parent the row before it): one step per row,
+    n state updates where the tree form's passes take n * n."""
+    query, key, value, decay, beta = _prepared(query, key, value, g, beta)
+    state = tip.to(value.dtype)  # (B, Hv, Dk, Dv)
+    states = []
+    for row in range(value.shape[1]):
+        state = state * decay[:, row]
+        delta = (value[:, row] - torch.einsum("bhkv,bhk->bhv", state, key[:, row])) * beta[:, row, :, None]
+        state = state + key[:, row, :, :, None] * delta[:, :, None, :]
+        states.append(state)
+    stacked = torch.stack(states, dim=1)  # (B, n, Hv, Dk, Dv)
+    return torch.einsum("bnhkv,bnhk->bnhv", stacked, query), stacked
+
+
+def _prepared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rule's inputs in its dtype (float32, or wider): q and k grouped out to the value heads,
+    L2-normalised, q scaled by 1 / sqrt(Dk); the decay exp(g) [B, n, Hv, 1, 1]."""
+    dtype = torch.promote_types(value.dtype, torch.float32)
+    heads = value.shape[2]
+    query, key = (_l2norm(x.to(dtype).repeat_interleave(heads // x.shape[2], dim=2)) for x in (query, key))
+    query = query / query.shape[-1] ** 0.5
+    return query, key, value.to(dtype), g.to(dtype).exp()[..., None, None], beta.to(dtype)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

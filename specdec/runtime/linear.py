@@ -24,7 +24,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import LinearAttentionLayer
 
-from specdec.runtime.delta_rule import gated_delta_tree, tree_conv
+from specdec.runtime.delta_rule import gated_delta_chain, gated_delta_tree, tree_conv
 
 __all__ = ["CHAIN", "LinearStates", "TreeLayout", "linear_dims", "serve_linear_layers", "served_layers", "tree_layout"]
 
@@ -116,6 +116,9 @@ class LinearStates(LinearAttentionLayer):
                 inputs[..., : self.slots] = self.inputs
                 states[:, : self.slots] = self.states
             self.inputs, self.states, self.slots = inputs, states, size
+        if device.type == "cuda" and not torch.compiler.is_compiling():  # fixed addresses for CUDA graphs
+            for tensor in (self.window, self.state, self.inputs, self.states, self.offset, self.anchor_t):
+                torch._dynamo.mark_static_address(tensor)
 
     @property
     def window(self) -> torch.Tensor:
@@ -158,6 +161,8 @@ class LinearStates(LinearAttentionLayer):
 
     def commit_path(self, base: int, rows: list[int]) -> None:
         """Take the state after the path `rows` (ascending) of the tree fed at position `base`."""
+        if not rows:
+            raise ValueError("a tree's kept path holds at least its root (row 0)")
         start = base - self.anchor  # the tree's first slot
         index = [self.kernel + start - j for j in range(self.kernel, 0, -1)] + [self.kernel + start + r for r in rows]
         pool = torch.cat([self.window, self._inputs()], dim=-1)
@@ -222,10 +227,9 @@ def keep_forward(module: nn.Module, hidden_states: torch.Tensor, layer: LinearSt
     device = hidden_states.device
     if layer.layout == CHAIN:
         steps = torch.arange(rows, device=device)
-        parents = (steps - 1)[None].expand(batch, -1)
+        parents, depth = None, rows
         ancestors = (steps[:, None] - (kernel - 1) + torch.arange(kernel - 1, device=device)[None])[None]
         ancestors = ancestors.expand(batch, -1, -1)
-        depth = rows
     else:
         assert isinstance(layer.layout, TreeLayout)
         parents, ancestors, depth = layer.layout.parents, layer.layout.ancestors, layer.layout.depth
@@ -242,7 +246,8 @@ def keep_forward(module: nn.Module, hidden_states: torch.Tensor, layer: LinearSt
     beta = b.sigmoid()
     g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)  # (B, n, Hv)
     tip = torch.cat([layer.state[:, None], layer._states()], dim=1).index_select(1, offset.view(1))[:, 0]
-    out, states = gated_delta_tree(query, key, value, g, beta, tip, parents, depth)
+    out, states = gated_delta_chain(query, key, value, g, beta, tip) if layer.layout == CHAIN else \
+        gated_delta_tree(query, key, value, g, beta, tip, parents, depth)
     layer._states().index_copy_(1, slots, states.to(layer._states().dtype))
     offset.add_(rows)
     layer.has_previous_state[0] = True

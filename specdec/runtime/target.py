@@ -351,6 +351,26 @@ class CausalLM:
         """After a tree forward at `base`, keep positions [0, base) then base + rows (ascending)."""
         self._kv.gather(base, rows)
 
+    def discard(self, length: int) -> None:
+        """Drop the positions past `length` without committing any (a rollback commits): rows a
+        hybrid model kept since its last commit stay kept. For measuring a step and undoing it."""
+        self._kv.retreat(length)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether linear-attention layers keep their state per row on this cache (`specdec.runtime.linear`)."""
+        return self._kv.recurrent
+
+    @property
+    def masked_obstacle(self) -> str | None:
+        """Why this model cannot run `forward_masked` with arbitrary visibility, as a drafter that
+        grows a tree level by level does (None when it can)."""
+        if self.tree_obstacle is not None:
+            return self.tree_obstacle
+        if self._kv.recurrent:
+            return "its linear-attention layers follow one path per row: it runs trees whole, with forward_tree"
+        return None
+
     @property
     def extra_obstacle(self) -> str | None:
         """Why this model cannot run a drafter's extra rows in its verify forward (None when it can)."""
@@ -427,8 +447,8 @@ class CausalLM:
     def rollback(self, length: int) -> None:
         """Keep the first `length` cached positions, exactly, and commit them.
 
-        Hybrid models can go back to any position since the last rollback or reset (on the static
-        cache: since the last forward that kept no rows, a prefill).
+        Hybrid models can go back to any position since the last commit: the last rollback,
+        `keep_path` or reset, or on the static cache the last forward that kept no rows (a prefill).
         """
         kv = self._kv
         if self._replay is None or length == kv.length:

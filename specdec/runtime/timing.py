@@ -24,7 +24,8 @@ def _synchronize(device: torch.device) -> None:
 def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats: int,
                   step: Callable[[torch.Tensor, int], None], compile: bool) -> dict[int, float]:
     """Median seconds of `step(ids, base)` for n new ids after `prefix` [P] is cached, per n in
-    `sizes`; the cache is rolled back to the prefix after each, and emptied at the end.
+    `sizes`; the cache is cut back to the prefix after each (nothing committed), and emptied at
+    the end, static still.
 
     The sizes are timed round-robin (one of each per round, after a warm-up round, which also
     compiles them when `compile`), so a slow spell of the machine touches every size alike rather
@@ -32,7 +33,8 @@ def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
     """
     if prefix.numel() < 1:
         raise ValueError("forward_costs needs a non-empty prefix")
-    lm.reset(static_capacity(prefix.numel() + 2 * max(sizes)), compile=compile)
+    capacity = static_capacity(prefix.numel() + 2 * max(sizes))
+    lm.reset(capacity, compile=compile)
     lm.forward(prefix.to(lm.device), keep=1)
     base = lm.cache_length
     ordered = sorted(set(sizes))
@@ -46,8 +48,8 @@ def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
             _synchronize(lm.device)
             if round_index:
                 times[n].append(time.perf_counter() - start)
-            lm.rollback(base)
-    lm.reset()
+            lm.discard(base)
+    lm.reset(capacity, compile=compile)
     return {n: statistics.median(values) for n, values in times.items()}
 
 
@@ -74,10 +76,12 @@ def tree_forward_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], rep
     the 4D-masked forward, the LM head on the root's row, and gathering the path back into place.
 
     The tree is a chain of nodes: a tree forward's cost depends on its row count, not its shape.
+    A hybrid target's step leaves the gather out: its commit of the root could not be undone.
     """
 
     def step(ids: torch.Tensor, base: int) -> None:
         lm.forward_tree(ids, list(range(-1, ids.shape[0] - 2)), rows=ids.shape[0]).argmax(0)
-        lm.keep_path(base, [0])
+        if not lm.recurrent:
+            lm.keep_path(base, [0])
 
     return _median_costs(lm, prefix, sizes, repeats, step, compile)
