@@ -1,4 +1,5 @@
-"""Hypothesis strategies for the sampling pipeline and the verifier.
+"""Hypothesis strategies for the sampling pipeline and the verifier, and random verifies on a
+target's cache.
 
 Everything is float64 over a small vocabulary, and deliberately awkward: exact zeros, exact
 ties and near-ties (values a few ulps apart), one-hot rows, and a wide range of magnitudes.
@@ -112,3 +113,33 @@ def chain_drafts(draw: st.DrawFn, sampled: bool | None = None, min_k: int = 0, m
     tokens = [draw(st.sampled_from(row.nonzero().flatten().tolist())) for row in rows]
     q = torch.stack(rows) if rows else torch.zeros(0, vocab_size, dtype=torch.float64)  # (k, V)
     return ChainCase(p, torch.tensor(tokens, dtype=torch.long), q)
+
+
+# --- random verifies on a target's cache (tests of layer types that must roll back exactly) -----------------
+
+VERIFY_STEPS = st.lists(st.tuples(st.sampled_from(["chain", "tree"]), st.integers(1, 4),
+                                  st.randoms(use_true_random=False)), min_size=1, max_size=6)
+
+
+def random_verify(lm, committed: list[int], kind: str, size: int, rnd, vocab: int, width: int):
+    """One verify of `size` random draft tokens after `committed` (the cache holds all but its
+    last): a chain padded to `width` rows and rolled back to a random acceptance, or a random tree
+    padded to `width` rows with a random root path kept. Returns the kept rows' logits [r, V] and
+    the accepted draft tokens."""
+    base = len(committed) - 1
+    drafts = [rnd.randrange(vocab) for _ in range(size)]
+    ids = torch.tensor(committed[-1:] + drafts)
+    if kind == "chain":
+        logits, _ = lm.forward(ids, keep=size + 1, rows=width)
+        path = list(range(rnd.randint(0, size)))
+        lm.rollback(base + 1 + len(path))
+        return logits[: 1 + len(path)], [drafts[i] for i in path]
+    parents = [-1] + [rnd.randrange(-1, i) for i in range(1, size)]
+    tree = lm.forward_tree(ids, parents, rows=width)
+    node, path = rnd.randrange(-1, size), []
+    while node >= 0:
+        path.insert(0, node)
+        node = parents[node]
+    rows = [0] + [i + 1 for i in path]
+    lm.keep_path(base, rows)
+    return torch.stack([tree.row(r) for r in rows]), [drafts[i] for i in path]

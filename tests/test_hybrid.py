@@ -33,6 +33,7 @@ from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
 from drafters_for_tests import GarbageDrafter, RandomTreeDrafter
+from strategies import VERIFY_STEPS, random_verify
 from test_lossless_statistical import ALPHA, PROMPT, VOCAB, chi_square_p_value, exact_distribution, sample_counts
 from tiny import hf_greedy, tiny_model
 
@@ -185,12 +186,8 @@ def test_a_static_rollback_before_the_last_commit_is_refused(hybrid):
             lm.rollback(9)
 
 
-STEPS = st.lists(st.tuples(st.sampled_from(["chain", "tree"]), st.integers(1, 4), st.randoms(use_true_random=False)),
-                 min_size=1, max_size=6)
-
-
 @settings(max_examples=25)
-@given(prompt=st.integers(1, 9), steps=STEPS)
+@given(prompt=st.integers(1, 9), steps=VERIFY_STEPS)
 def test_after_any_verifies_each_linear_layer_holds_the_state_of_a_plain_forward(hybrid, prompt, steps):
     """Random chains (padded, rolled back to a random acceptance) and random trees (a random root
     path kept) on the static cache: every row's logits equal a plain forward's, and after each
@@ -204,22 +201,8 @@ def test_after_any_verifies_each_linear_layer_holds_the_state_of_a_plain_forward
             lm.forward(torch.tensor(committed[:-1]), keep=1)
         for kind, size, rnd in steps:
             base = len(committed) - 1
-            drafts = [rnd.randrange(64) for _ in range(size)]
-            if kind == "chain":
-                logits, _ = lm.forward(torch.tensor(committed[-1:] + drafts), keep=size + 1, rows=5)
-                path = list(range(rnd.randint(0, size)))
-                lm.rollback(base + 1 + len(path))
-                shown = logits[: 1 + len(path)]
-            else:
-                parents = [-1] + [rnd.randrange(-1, i) for i in range(1, size)]
-                tree = lm.forward_tree(torch.tensor(committed[-1:] + drafts), parents, rows=6)
-                node, path = rnd.randrange(-1, size), []
-                while node >= 0:
-                    path.insert(0, node)
-                    node = parents[node]
-                lm.keep_path(base, [0] + [i + 1 for i in path])
-                shown = torch.stack([tree.row(r) for r in [0] + [i + 1 for i in path]])
-            sequence = committed + [drafts[i] for i in path]
+            shown, accepted = random_verify(lm, committed, kind, size, rnd, 64, width=6)
+            sequence = committed + accepted
             cache = DynamicCache(config=hybrid.config)
             reference = hybrid(input_ids=torch.tensor([sequence]), cache=cache, use_cache=True).logits[0, base:]
             torch.testing.assert_close(shown, reference, rtol=0, atol=1e-10)

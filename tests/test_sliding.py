@@ -25,6 +25,7 @@ from specdec.runtime.engine import compile_failures
 from specdec.runtime.windows import FULL, SLIDING, Attention, attention_kinds, layer_masks, within_window
 
 from drafters_for_tests import GarbageDrafter, OracleTreeDrafter, RandomTreeDrafter
+from strategies import VERIFY_STEPS, random_verify
 from test_eagle import random_head
 from test_lossless_statistical import (ALPHA, MODEL, PROMPT as STAT_PROMPT, chi_square_p_value, exact_distribution,
                                        sample_counts)
@@ -110,13 +111,9 @@ def test_a_sliding_layer_without_a_window_is_refused_by_name() -> None:
 
 # --- the static cache: exact after any sequence of verifies ------------------------------------------
 
-STEPS = st.lists(st.tuples(st.sampled_from(["chain", "tree"]), st.integers(1, 4), st.randoms(use_true_random=False)),
-                 min_size=2, max_size=7)
-
-
 @pytest.mark.parametrize("arch", SLIDING_ARCHITECTURES)
 @settings(max_examples=12)
-@given(prompt=st.integers(1, 9), steps=STEPS)
+@given(prompt=st.integers(1, 9), steps=VERIFY_STEPS)
 def test_after_any_verifies_each_layer_attends_exactly_what_a_plain_forward_does(arch: str, prompt: int,
                                                                                   steps: list) -> None:
     """Random chains (padded to a fixed width, rolled back to a random acceptance) and random trees
@@ -133,26 +130,10 @@ def test_after_any_verifies_each_layer_attends_exactly_what_a_plain_forward_does
             lm.forward(torch.tensor(committed[:-1]), keep=1)
         for kind, size, rnd in steps:
             base = len(committed) - 1
-            drafts = [rnd.randrange(VOCAB) for _ in range(size)]
-            if kind == "chain":
-                logits, _ = lm.forward(torch.tensor(committed[-1:] + drafts), keep=size + 1, rows=6)
-                path = list(range(rnd.randint(0, size)))
-                rows = [0] + [i + 1 for i in path]
-                lm.rollback(base + len(rows))
-                shown = [logits[r] for r in rows]
-            else:
-                parents = [-1] + [rnd.randrange(-1, i) for i in range(1, size)]
-                tree = lm.forward_tree(torch.tensor(committed[-1:] + drafts), parents, rows=7)
-                node, path = rnd.randrange(-1, size), []
-                while node >= 0:
-                    path.insert(0, node)
-                    node = parents[node]
-                rows = [0] + [i + 1 for i in path]
-                lm.keep_path(base, rows)
-                shown = [tree.row(r) for r in rows]
-            sequence = committed + [drafts[i] for i in path]
-            reference = model(input_ids=torch.tensor([sequence])).logits[0, base:]  # (len(rows), V)
-            torch.testing.assert_close(torch.stack(shown), reference, rtol=0, atol=ATOL)
+            shown, accepted = random_verify(lm, committed, kind, size, rnd, VOCAB, width=7)
+            sequence = committed + accepted
+            reference = model(input_ids=torch.tensor([sequence])).logits[0, base:]  # (rows kept, V)
+            torch.testing.assert_close(shown, reference, rtol=0, atol=ATOL)
             committed = sequence + [rnd.randrange(VOCAB)]
             assert lm.cache_length == len(committed) - 1
         logits, _ = lm.forward(torch.tensor(committed[-1:]), keep=1)

@@ -18,7 +18,6 @@ from typing import ClassVar
 
 import pytest
 import torch
-import transformers.models.qwen3_next.modeling_qwen3_next as qwen3_next
 from transformers import PreTrainedModel
 
 import specdec
@@ -32,7 +31,7 @@ from specdec.trees import depths, first_path, path_to
 from specdec.types import Draft
 from specdec.verifier import DraftError
 from test_greedy_parity import VOCAB, _target
-from test_hybrid import gated_delta_float64, tiny_hybrid, tiny_mamba_hybrid
+from test_hybrid import tiny_mamba_hybrid
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as STAT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution, sample_counts)
 from test_verifier_tree import verify_tree_siblings_against_p, verify_tree_stale_bonus
@@ -424,12 +423,6 @@ def test_chi_square_detects_a_lossy_tree_verifier(stat_target, stat_other, monke
 
 # --- targets that cannot run a tree: the first-child chain, with one warning ---------------------------
 
-@pytest.fixture
-def float64_kernels(monkeypatch):
-    monkeypatch.setattr(qwen3_next, "torch_chunk_gated_delta_rule", gated_delta_float64)
-    monkeypatch.setattr(qwen3_next, "torch_recurrent_gated_delta_rule", gated_delta_float64)
-
-
 FALLBACK_TARGETS = {
     "mamba2-hybrid-bamba": lambda: tiny_mamba_hybrid(vocab_size=VOCAB),
 }
@@ -438,7 +431,7 @@ FALLBACK_REASONS = {"mamba2-hybrid-bamba": "dynamic cache"}
 
 @pytest.mark.parametrize("drafter_key", ["oracle-first", "garbage-tree", "sampled-tree"])
 @pytest.mark.parametrize("target_key", list(FALLBACK_TARGETS))
-def test_untreeable_targets_verify_the_first_child_path_with_one_warning(float64_kernels, target_key: str,
+def test_untreeable_targets_verify_the_first_child_path_with_one_warning(target_key: str,
                                                                          drafter_key: str) -> None:
     model = FALLBACK_TARGETS[target_key]()
     lm = CausalLM(model)
@@ -470,7 +463,7 @@ def test_untreeable_targets_verify_the_first_child_path_with_one_warning(float64
         assert result.stats.drafted == sum(len(first_path(d.parents.tolist())) for d in drafter.drafts)
 
 
-def test_fallback_warns_once_per_generate_call(float64_kernels) -> None:
+def test_fallback_warns_once_per_generate_call() -> None:
     model = FALLBACK_TARGETS["mamba2-hybrid-bamba"]()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
