@@ -350,3 +350,13 @@ def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_trees(hybrid):
         assert result.stats.mean_accepted_length > 2, "the tree's accepted paths were gathered"
     finally:
         hybrid.set_experts_implementation("eager")
+
+
+def test_the_hybrid_step_benchmark_times_every_mode_on_one_model():
+    """`python -m specdec.bench.hybrid_steps`, shrunk: every mode runs the same steps (eager here)."""
+    from specdec.bench import hybrid_steps
+
+    model = hybrid_steps.target(hidden=64, layers=4, vocab=128)
+    for mode in ("dynamic", "static"):
+        assert hybrid_steps.measure(model, mode, accepted=2, steps=3, warmup=1, prompt=12) > 0
+    assert hybrid_steps.main(["--bad"]) == 2
