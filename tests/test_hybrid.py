@@ -360,3 +360,62 @@ def test_the_hybrid_step_benchmark_times_every_mode_on_one_model():
     for mode in ("dynamic", "static"):
         assert hybrid_steps.measure(model, mode, accepted=2, steps=3, warmup=1, prompt=12) > 0
     assert hybrid_steps.main(["--bad"]) == 2
+
+
+def tiny_qwen35(vocab_size: int = 64, hidden: int = 32, seed: int = 0) -> PreTrainedModel:
+    """A random Qwen3.5 (its GatedDeltaNet layers project q, k, v, z, b and a apart) in float64:
+    linear, full, linear attention."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
+        layer_types=LAYER_TYPES, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, tie_word_embeddings=False)
+    model = Qwen3_5ForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(6.0)
+        for module in model.modules():  # a gate norm away from its all-ones start
+            if type(module).__name__ == "Qwen3_5GatedDeltaNet":
+                module.norm.weight.normal_(1.0, 0.3)
+    return model
+
+
+@settings(max_examples=10)
+@given(steps=VERIFY_STEPS)
+def test_qwen35_layers_are_kept_per_row_too(monkeypatch_module_qwen35, steps):
+    """Qwen3.5's split projections: after random verifies every row's logits equal a plain forward's."""
+    model = monkeypatch_module_qwen35
+    lm = CausalLM(model)
+    lm.reset(96)
+    committed = [int(i) for i in IDS[:7]]
+    with torch.inference_mode():
+        lm.forward(torch.tensor(committed[:-1]), keep=1)
+        for kind, size, rnd in steps:
+            base = len(committed) - 1
+            shown, accepted = random_verify(lm, committed, kind, size, rnd, 64, width=6)
+            reference = model(input_ids=torch.tensor([committed + accepted])).logits[0, base:]
+            torch.testing.assert_close(shown, reference, rtol=0, atol=1e-10)
+            committed = committed + accepted + [rnd.randrange(64)]
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module_qwen35():
+    """A tiny Qwen3.5 whose gated-delta kernels are the float64 reference for this module's tests."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as qwen3_5
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(qwen3_5, "torch_chunk_gated_delta_rule", gated_delta_float64)
+    patch.setattr(qwen3_5, "torch_recurrent_gated_delta_rule", gated_delta_float64)
+    yield tiny_qwen35()
+    patch.undo()
+
+
+def test_qwen35_greedy_output_equals_transformers_with_chains_and_trees(monkeypatch_module_qwen35):
+    model = monkeypatch_module_qwen35
+    prompt = [3, 17, 9, 3, 17, 9, 3, 17]
+    expected = hf_greedy(model, prompt, 20)
+    for drafter in (NgramDrafter(max_ngram=3), DraftModelDrafter(model), RandomTreeDrafter(seed=3)):
+        assert specdec.generate(model, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20).tokens == expected
