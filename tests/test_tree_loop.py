@@ -539,3 +539,23 @@ def test_generate_refuses_broken_trees_naming_the_drafter(drafter: object, fragm
         specdec.generate(_target("llama"), PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=6,
                          sampling=sampling, seed=0)
     assert fragment in str(error.value)
+
+
+def test_a_model_whose_layers_window_by_row_index_verifies_chains_only() -> None:
+    """GPT-Neo's local layers apply their own window by row index, not by the rows' positions."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    config = GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, window_size=4,
+                          attention_types=[[["global", "local"], 1]], max_position_embeddings=256,
+                          bos_token_id=None, eos_token_id=None)
+    model = GPTNeoForCausalLM(config).to(torch.float64).eval()
+    lm = CausalLM(model)
+    lm.reset(256)
+    assert lm.tree_obstacle is not None and "local attention" in lm.tree_obstacle
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = specdec.generate(model, PROMPT, drafter=RandomTreeDrafter(seed=2), num_draft_tokens=3,
+                                  max_new_tokens=16)
+    assert any("token trees" in str(w.message) for w in caught)
+    assert result.tokens == hf_greedy(model, PROMPT, 16)

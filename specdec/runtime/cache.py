@@ -164,6 +164,9 @@ def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
     if attention not in _TREE_ATTENTION:
         return (f"its attention implementation {attention!r} takes no custom 4D mask "
                 f"(load it with attn_implementation='sdpa' or 'eager')")
+    if "local" in (getattr(model.config, "attention_layers", None) or []):  # GPT-Neo
+        return ("its local attention layers cut their window by row index inside the layer, which a tree's rows "
+                "(at their depth, not their row) would break")
     for layer in cache.layers:
         if isinstance(layer, LinearStates):
             continue  # each row's state from its parent's (`specdec.runtime.linear`)
