@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.runtime.cache import KV, static_obstacle
+from specdec.runtime.cache import KV
+from specdec.runtime.obstacles import static_obstacle
 from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.types import Engine
 

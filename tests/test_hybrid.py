@@ -26,7 +26,7 @@ import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 from specdec.protocols import DraftContext
-from specdec.runtime.cache import uncroppable_layers
+from specdec.runtime.obstacles import uncroppable_layers
 from specdec.runtime.engine import compile_failures
 from specdec.runtime.linear import LinearStates
 from specdec.runtime.target import CausalLM

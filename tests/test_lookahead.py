@@ -400,7 +400,7 @@ def test_a_hybrid_target_drafts_from_the_pool_without_jacobi_rows_with_one_warni
     model = tiny_hybrid(vocab_size=VOCAB)
     lm = CausalLM(model)
     lm.reset(256)
-    reason = lm.extra_obstacle  # it runs trees, each row on its parent's state, but no rows seeing several
+    reason = lm.masked_obstacle  # it runs trees, each row on its parent's state, but no rows seeing several
     assert reason is not None and lm.tree_obstacle is None
     expected = hf_greedy(model, PROMPT, 16)
     drafter = Recording()

@@ -308,13 +308,14 @@ def _check_tree(run: Run, proposed: Draft, k: int, parents: list[int]) -> None:
 def _with_extra(run: Run, proposed: Draft, k: int, parents: list[int] | None
                 ) -> tuple[Draft, list[int] | None]:
     """A draft with extra rows: a chain becomes a chain-shaped tree, so the rows ride its tree
-    forward (`_check_tree` then checks their values). A target that cannot run a tree forward
-    drops them, checked first (warned once per run); the drafter then reads ctx.extra_logits = None."""
-    if run.lm.extra_obstacle is not None:
+    forward (`_check_tree` then checks their values). A target that cannot run such rows
+    (`CausalLM.masked_obstacle`) drops them, checked first (warned once per run); the drafter then
+    reads ctx.extra_logits = None."""
+    if run.lm.masked_obstacle is not None:
         validate_draft(proposed, k, run.lm.vocab_size, run.lm.device, run.name, extra_rows=run.engine.extra_rows)
         if not run.warned_extra:
             warnings.warn(f"specdec: {type(run.lm.model).__name__} cannot run the extra rows of drafter "
-                          f"{run.name!r} in its verify forward: {run.lm.extra_obstacle}; they are dropped "
+                          f"{run.name!r} in its verify forward: {run.lm.masked_obstacle}; they are dropped "
                           "(the drafter reads ctx.extra_logits = None)", stacklevel=5)
             run.warned_extra = True
         return Draft(proposed.tokens, proposed.probs, proposed.parents), parents

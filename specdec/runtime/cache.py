@@ -1,5 +1,6 @@
-"""KV caches of transformers models: static and dynamic caches, their length, rollback, the
-gathering of a tree's accepted path, and snapshots of recurrent state.
+"""KV caches of transformers models: static and dynamic caches, their length, rollback and the
+gathering of a tree's accepted path. (What a model can run on: `specdec.runtime.obstacles`;
+snapshots of a dynamic cache's recurrent state: `specdec.runtime.replay`.)
 
 All knowledge of transformers' cache classes lives here (transformers 5.x: `DynamicCache.crop`
 takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumulative_length`).
@@ -15,36 +16,30 @@ takes a negative count of tokens to remove; a `StaticLayer` writes at its `cumul
 - Dynamic (`KV` without one): transformers' `DynamicCache`, grown by concatenation and cropped.
   With `activate_past_recording`, sliding-window layers and the conv states of linear-attention
   layers keep what a crop needs, so `crop` cuts them back exactly. The recurrent state of a
-  linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: `snapshot`
-  copies it (fixed size) before a forward, and `restore` crops everything else and copies it
-  back; the caller replays the ids in between. Models with recurrent layers other than GatedDeltaNet
-  (Mamba2) always take the dynamic cache (`static_obstacle` says why); there sliding layers keep
-  transformers' window-sized ring.
+  linear-attention layer (GatedDeltaNet, SSM) is a running sum that no crop can undo: a snapshot
+  copies it (fixed size) before a forward, and a restore crops everything else and copies it
+  back; the caller replays the ids in between. Models with recurrent layers other than
+  GatedDeltaNet (Mamba2) always take the dynamic cache (`specdec.runtime.obstacles.static_obstacle`
+  says why); there sliding layers keep transformers' window-sized ring.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 import transformers
 from transformers import DynamicCache, PreTrainedModel, StaticCache
-from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, DummyLayer, DynamicLayer,
-                                      DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer,
-                                      StaticLayer, StaticSlidingWindowLayer, get_layer_types_and_kwargs)
+from transformers.cache_utils import (Cache, LinearAttentionCacheLayerMixin, LinearAttentionLayer, StaticLayer,
+                                      StaticSlidingWindowLayer, get_layer_types_and_kwargs)
 
-from specdec.runtime.linear import LinearStates, TreeLayout, linear_dims, served_layers
+from specdec.runtime.linear import LinearStates, TreeLayout, linear_dims
 from specdec.runtime.windows import SLIDING, attention_kinds
 
-__all__ = ["KV", "Snapshot", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
-           "has_recurrent_state", "new_cache", "restore", "select_batch", "set_static_length", "snapshot",
-           "static_cache_bytes",
-           "static_obstacle",
-           "tree_obstacle", "uncroppable_layers"]
+__all__ = ["KV", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
+           "has_recurrent_state", "new_cache", "select_batch", "set_static_length", "static_cache_bytes"]
 
 MINIMUM_TRANSFORMERS = (5, 24)  # forwards take `cache=` from 5.24 on
-_STATELESS_LAYER_TYPES = ("moe", "mlp")  # cache layers transformers replaces with dummies
 
 
 def check_transformers() -> None:
@@ -61,26 +56,6 @@ def new_cache(model: PreTrainedModel) -> Cache:
     cache = DynamicCache(config=model.config)
     cache.activate_past_recording()
     return cache
-
-
-def uncroppable_layers(model: PreTrainedModel) -> list[str]:
-    """Kinds of layer whose state can neither be cropped nor snapshotted and restored.
-
-    Linear-attention layers (recurrent and conv state) are restorable and not listed; a model
-    needs at least one attention layer, which is what tells the cache's length.
-    """
-    config = model.config.get_text_config()
-    known = set(DYNAMIC_LAYER_TYPE_MAPPING) | set(_STATELESS_LAYER_TYPES)
-    kinds = {t for t in (getattr(config, "layer_types", None) or []) if t not in known}
-    if kinds:
-        return sorted(kinds)
-    layers = new_cache(model).layers
-    for layer in layers:
-        if not isinstance(layer, LinearAttentionCacheLayerMixin) and not layer.is_croppable:
-            kinds.add(type(layer).__name__)
-    if layers and not any(isinstance(layer, CacheLayerMixin) for layer in layers):
-        kinds.add("linear-attention-only (no attention layer to count positions)")
-    return sorted(kinds)
 
 
 def has_recurrent_state(cache: Cache) -> bool:
@@ -102,7 +77,7 @@ def crop_cache(cache: Cache, length: int) -> None:
     """Cut the attention layers and recorded conv states back to the first `length` positions.
 
     Always crops, even to remove nothing: recording layers trim what they kept for this
-    rollback back to their window. Recurrent states are left as they are (see `restore`).
+    rollback back to their window. Recurrent states are left as they are (`specdec.runtime.replay.restore`).
     """
     current = cache_length(cache)
     if length > current or length < 0:
@@ -111,71 +86,6 @@ def crop_cache(cache: Cache, length: int) -> None:
         if isinstance(layer, LinearAttentionCacheLayerMixin) and not any(layer.is_conv_states_initialized.values()):
             continue  # never run: nothing recorded, and its crop would fail on the missing states
         cast(Any, layer).crop(length - current)  # transformers 5.x: negative = tokens to remove
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The cache's length and, per linear-attention layer and state index, a copy of the
-    recurrent state (None where the layer had not run yet)."""
-
-    length: int
-    states: dict[tuple[int, int], torch.Tensor | None]
-
-
-def snapshot(cache: Cache) -> Snapshot:
-    """Copy the recurrent states (fixed size: [1, heads, d_k, d_v] per layer) and the length."""
-    states: dict[tuple[int, int], torch.Tensor | None] = {}
-    for index, layer in enumerate(cache.layers):
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            for i in range(layer.number_of_states):
-                if not layer.has_previous_state[i]:
-                    states[index, i] = None
-                elif layer.is_recurrent_states_initialized[i]:  # conv-only layers crop exactly
-                    states[index, i] = cast(torch.Tensor, layer.recurrent_states[i]).clone()
-    return Snapshot(cache_length(cache), states)
-
-
-def restore(cache: Cache, saved: Snapshot) -> None:
-    """Put the cache back as it was when `saved` was taken, in place.
-
-    Attention layers and conv states are cropped; recurrent states are copied back, and a layer
-    that had not run yet forgets its state.
-    """
-    crop_cache(cache, saved.length)
-    for (index, i), state in saved.states.items():
-        layer = cast(Any, cache.layers[index])
-        if state is not None:
-            layer.recurrent_states[i].copy_(state)
-        elif layer.has_previous_state[i]:
-            LinearAttentionCacheLayerMixin.reset(layer)  # the linear part only; the next forward starts afresh
-
-
-_TREE_ATTENTION = ("eager", "sdpa")  # implementations that take a custom 4D additive mask
-
-
-def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:
-    """Why `model` cannot verify a token tree in one forward, or None when it can.
-
-    A tree forward needs a custom 4D mask (eager or sdpa attention) and caches whose positions
-    can be gathered: full-attention layers, and on a static cache sliding ones too (a dynamic
-    cache keeps those in a ring) and GatedDeltaNet layers (each row's state from its parent's).
-    """
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
-    if attention not in _TREE_ATTENTION:
-        return (f"its attention implementation {attention!r} takes no custom 4D mask "
-                f"(load it with attn_implementation='sdpa' or 'eager')")
-    if "local" in (getattr(model.config, "attention_layers", None) or []):  # GPT-Neo
-        return ("its local attention layers cut their window by row index inside the layer, which a tree's rows "
-                "(at their depth, not their row) would break")
-    for layer in cache.layers:
-        if isinstance(layer, LinearStates):
-            continue  # each row's state from its parent's (`specdec.runtime.linear`)
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            return ("its linear-attention layers are on a dynamic cache, whose one recurrent state cannot hold a "
-                    "tree's branches")
-        if type(layer) not in (DynamicLayer, StaticLayer, DummyLayer):
-            return f"its {type(layer).__name__} cache layers cannot gather a tree's accepted path"
-    return None
 
 
 def gather_positions(cache: Cache, base: int, rows: list[int]) -> None:
@@ -255,41 +165,6 @@ def _static_cache(config: Any, capacity: int) -> StaticCache:
                     else LinearStates(**linear_dims(text)) if type(layer) is LinearAttentionLayer else layer
                     for layer in cache.layers]
     return cache
-
-
-def static_obstacle(owner: Any) -> str | None:
-    """Why `owner` (a model, or a drafter head with a `.config`) cannot run on a static cache, or None.
-
-    A static cache serves full- and sliding-attention layers (and stateless MoE/MLP layers) of a
-    model whose attention masks the cache's unused tail (eager or sdpa attention; flash attention
-    reads the whole buffer unless given a 2D mask) and that transformers can run on one
-    (`_can_compile_fullgraph`; GPT-Neo's local attention, for one, cannot), and its GatedDeltaNet
-    linear-attention layers (`specdec.runtime.linear`). Chunked attention (Llama 4) has no rule
-    here, and other recurrent layers (Mamba) roll back only by snapshot and replay; these stay on
-    the dynamic cache.
-    """
-    if isinstance(owner, PreTrainedModel) and getattr(owner, "_can_compile_fullgraph", False) is not True:
-        return f"transformers runs {type(owner).__name__} on dynamic caches only (_can_compile_fullgraph is false)"
-    attention = getattr(owner.config, "_attn_implementation", None) or "eager"
-    if attention not in _TREE_ATTENTION:
-        return (f"its attention implementation {attention!r} would read a static cache's stale tail "
-                "(load it with attn_implementation='sdpa' or 'eager')")
-    layers = new_cache(owner).layers
-    recurrent = sum(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in layers)
-    if recurrent and served_layers(owner) != recurrent:
-        return ("its linear-attention layers are not the GatedDeltaNet layers (Qwen3-Next, Qwen3.5) kept per "
-                "position on the static cache; they roll back by snapshot and replay, on a dynamic cache")
-    for layer in layers:
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            continue
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) and not isinstance(layer, DummyLayer):
-            return f"its {type(layer).__name__} cache layers cannot be rolled back in a static cache"
-    text = owner.config.get_text_config() if hasattr(owner.config, "get_text_config") else owner.config
-    odd = sorted({kind for kind in getattr(text, "layer_types", None) or [] if "chunked" in kind})
-    if odd:
-        return f"its {', '.join(odd)} layers (attention within chunks) have no mask rule on the static cache"
-    attention_kinds(owner)  # a sliding layer without a window is refused by name
-    return None
 
 
 class KV:
@@ -423,7 +298,7 @@ class KV:
         """Keep the first `length` positions and commit them: a linear-attention layer takes the
         state after position length - 1, which it kept if fed since its last commit (a rollback
         further back is refused; to 0 it starts afresh). On a dynamic cache a recurrent state is
-        the caller's business (`restore`)."""
+        the caller's business (`specdec.runtime.replay`)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back a cache of {self.length} positions to {length}")
         for layer in self._linear:
@@ -470,14 +345,16 @@ class KV:
                 keys[:, :, base : base + len(rows)] = keys.index_select(2, index)
                 values[:, :, base : base + len(rows)] = values.index_select(2, index)
             if self.positions is not None:
-                moved = torch.tensor([base + row for row in rows], dtype=torch.long, device=self.positions.device)
+                moved = torch.tensor([base + row for row in rows], dtype=torch.long) if index is None else index
+                moved = moved.to(self.positions.device)
                 self.positions[:, base : base + len(rows)] = self.positions.index_select(1, moved)
         if self._linear:
             if base < self._linear[0].anchor:
                 raise ValueError(f"cannot gather rows after position {base}: the linear-attention layers committed "
                                  f"{self._linear[0].anchor} positions")
+            window = self._linear[0].path_window(base, rows)
             for layer in self._linear:
-                layer.commit_path(base, rows)
+                layer.commit_path(base, rows, window)
             self.retreat(base + len(rows))
             return
         self.rollback(base + len(rows))

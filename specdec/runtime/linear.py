@@ -159,16 +159,22 @@ class LinearStates(LinearAttentionLayer):
         self.state.copy_(self._states()[:, first - 1])
         self._reanchor(length)
 
-    def commit_path(self, base: int, rows: list[int]) -> None:
-        """Take the state after the path `rows` (ascending) of the tree fed at position `base`."""
+    def path_window(self, base: int, rows: list[int]) -> torch.Tensor:
+        """Where the conv window after the path `rows` (ascending, the root first) of the tree fed at
+        `base` lies in cat(window, slot inputs): [K] indices on the layer's device, the same for
+        every layer of a model (they share the kernel and the anchor), so made once per commit."""
         if not rows:
             raise ValueError("a tree's kept path holds at least its root (row 0)")
         start = base - self.anchor  # the tree's first slot
         index = [self.kernel + start - j for j in range(self.kernel, 0, -1)] + [self.kernel + start + r for r in rows]
+        return torch.tensor(index[-self.kernel :], dtype=torch.long).to(self.window.device, non_blocking=True)
+
+    def commit_path(self, base: int, rows: list[int], window: torch.Tensor) -> None:
+        """Take the state after the path `rows` (ascending) of the tree fed at position `base`,
+        its conv window at `window` (`path_window`)."""
         pool = torch.cat([self.window, self._inputs()], dim=-1)
-        where = torch.tensor(index[-self.kernel :], dtype=torch.long).to(pool.device, non_blocking=True)
-        self.window.copy_(pool.index_select(-1, where))
-        self.state.copy_(self._states()[:, start + rows[-1]])
+        self.window.copy_(pool.index_select(-1, window))
+        self.state.copy_(self._states()[:, base - self.anchor + rows[-1]])
         self._reanchor(base + len(rows))
 
     def set_length(self, length: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 no capacity), whose recurrent state is a running sum that no crop can undo. (On the static cache
 GatedDeltaNet layers keep every row's state instead: `specdec.runtime.linear`.)
 
-Each forward first snapshots the recurrent state (`specdec.runtime.cache.snapshot`, fixed size)
+Each forward first snapshots the recurrent state (`snapshot`, fixed size)
 and keeps the ids it feeds; a rollback restores the latest snapshot at or before the new length,
 then replays the ids from there to that length in one forward (none when the snapshot is exactly
 there). The adapter (`specdec.runtime.target.CausalLM`) keeps one `Replay` per hybrid model.
@@ -11,13 +11,52 @@ there). The adapter (`specdec.runtime.target.CausalLM`) keeps one `Replay` per h
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin
 
-from specdec.runtime.cache import KV, Snapshot, restore, snapshot
+from specdec.runtime.cache import KV, cache_length, crop_cache
 
-__all__ = ["Replay"]
+__all__ = ["Replay", "Snapshot", "restore", "snapshot"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cache's length and, per linear-attention layer and state index, a copy of the
+    recurrent state (None where the layer had not run yet)."""
+
+    length: int
+    states: dict[tuple[int, int], torch.Tensor | None]
+
+
+def snapshot(cache: Cache) -> Snapshot:
+    """Copy the recurrent states (fixed size: [1, heads, d_k, d_v] per layer) and the length."""
+    states: dict[tuple[int, int], torch.Tensor | None] = {}
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                if not layer.has_previous_state[i]:
+                    states[index, i] = None
+                elif layer.is_recurrent_states_initialized[i]:  # conv-only layers crop exactly
+                    states[index, i] = cast(torch.Tensor, layer.recurrent_states[i]).clone()
+    return Snapshot(cache_length(cache), states)
+
+
+def restore(cache: Cache, saved: Snapshot) -> None:
+    """Put the cache back as it was when `saved` was taken, in place.
+
+    Attention layers and conv states are cropped; recurrent states are copied back, and a layer
+    that had not run yet forgets its state.
+    """
+    crop_cache(cache, saved.length)
+    for (index, i), state in saved.states.items():
+        layer = cast(Any, cache.layers[index])
+        if state is not None:
+            layer.recurrent_states[i].copy_(state)
+        elif layer.has_previous_state[i]:
+            LinearAttentionCacheLayerMixin.reset(layer)  # the linear part only; the next forward starts afresh
 
 
 class Replay:

@@ -20,11 +20,12 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdec.distributed.ranks import Ranks, model_ranks
-from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, static_obstacle, tree_obstacle, uncroppable_layers
+from specdec.runtime.cache import KV, check_transformers, has_recurrent_state
 from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.runtime.linear import CHAIN, TreeLayout, serve_linear_layers, tree_layout
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
                                      prepare_for_compile)
+from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppable_layers
 from specdec.runtime.replay import Replay
 from specdec.runtime.tree_logits import TreeLogits, head_reproduces
 from specdec.runtime.windows import layer_masks
@@ -231,8 +232,8 @@ class CausalLM:
         width = max(rows or 0, n + 1)
         input_ids = _pad_ids(input_ids, width)  # (width,)
         m = 0 if extra is None else extra.tokens.shape[0]
-        if m and self.extra_obstacle is not None:
-            raise ValueError(f"{type(self.model).__name__} cannot run extra rows: {self.extra_obstacle}")
+        if m and self.masked_obstacle is not None:
+            raise ValueError(f"{type(self.model).__name__} cannot run extra rows: {self.masked_obstacle}")
         layout = self._tree_layout(parents, width)
         base = self.cache_length
         rows_visible, offsets = verify_layout(parents, width, extra, self.device)  # (width + m, width + m), (width + m,)
@@ -245,8 +246,8 @@ class CausalLM:
         if self.learned_positions and self.max_positions:
             positions = positions.clamp(max=self.max_positions - 1)
         if self.hidden_obstacle is not None:  # no hidden states (a pipeline stage): every row's logits
-            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m, step=self._lazy_head is not None,
-                                            layout=layout)
+            logits, _ = self.forward_masked(input_ids, positions, visible, keep=width + m,
+                                            step=self._lazy_head is not None, layout=layout)
             self._lazy_head = False
             return TreeLogits(logits.new_empty(n + 1, 0), self.lm_head, logits[: n + 1], extra=logits[-m:] if m else None)
         # the root's and the extra rows' only, once the model is known to compute logits as
@@ -285,8 +286,7 @@ class CausalLM:
         if obstacle is not None:
             raise ValueError(f"{type(self.model).__name__} cannot run a tree forward: {obstacle}")
         if layout is None and self._kv.recurrent:
-            raise ValueError(f"{type(self.model).__name__} has linear-attention layers, whose state follows one path: "
-                             "run token trees with forward_tree")
+            raise ValueError(f"{type(self.model).__name__} cannot run a masked forward: {self.masked_obstacle}")
         width = self.mask_width(input_ids.shape[0])
         if tuple(visible.shape) != (input_ids.shape[0], width):
             raise ValueError(f"visible must be [{input_ids.shape[0]}, {width}] (rows, mask_width), got "
@@ -363,21 +363,13 @@ class CausalLM:
 
     @property
     def masked_obstacle(self) -> str | None:
-        """Why this model cannot run `forward_masked` with arbitrary visibility, as a drafter that
-        grows a tree level by level does (None when it can)."""
+        """Why this model cannot run rows of arbitrary visibility (None when it can): a drafter's
+        extra rows in a verify, or `forward_masked` for a tree grown level by level."""
         if self.tree_obstacle is not None:
             return self.tree_obstacle
         if self._kv.recurrent:
-            return "its linear-attention layers follow one path per row: it runs trees whole, with forward_tree"
-        return None
-
-    @property
-    def extra_obstacle(self) -> str | None:
-        """Why this model cannot run a drafter's extra rows in its verify forward (None when it can)."""
-        if self.tree_obstacle is not None:
-            return self.tree_obstacle
-        if self._kv.recurrent:
-            return "its linear-attention layers follow one path per row, and extra rows see several rows at once"
+            return ("its linear-attention layers follow one path per row, so a row seeing several rows at once has no "
+                    "state to start from (it runs trees whole, with forward_tree)")
         return None
 
     def _tree_layout(self, parents: list[int], width: int) -> TreeLayout | None:
