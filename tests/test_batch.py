@@ -336,11 +336,3 @@ def test_bad_prompts_are_named_by_their_index():
         specdec.generate_batch(model, [[1, 2], []])
     with pytest.raises(ValueError, match=r"prompts\[0\]: .*outside the vocabulary"):
         specdec.generate_batch(model, [[1, VOCAB]])
-
-
-def test_a_model_that_cannot_batch_says_why():
-    from test_hybrid import tiny_hybrid
-
-    model = tiny_hybrid(vocab_size=VOCAB)
-    with pytest.raises(ValueError, match="Qwen3NextForCausalLM cannot decode a batch: .*linear-attention"):
-        specdec.generate_batch(model, PROMPTS, max_new_tokens=4)

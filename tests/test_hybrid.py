@@ -329,25 +329,31 @@ def test_sampling_with_rejections_is_lossless_on_a_hybrid_target(drafter):
     assert p_value >= ALPHA, f"hybrid target with {drafter} is not lossless: chi-square p = {p_value:.3g}"
 
 
-def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_trees(hybrid):
-    """Its GatedDeltaNet layers keep each row's state in the compiled verify (chains padded to
-    k + 1 rows, trees to their node budget), with no snapshot and no replay: the tokens are
-    transformers'. The experts run as batched matmuls, which compile (the eager ones do not)."""
+def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hybrid):
+    """Its GatedDeltaNet layers keep each row's state in the compiled verify, with no snapshot
+    and no replay: a chain padded to k + 1 rows decoding one prompt, and token trees for a batch
+    of two (each batch row its own tree, each node from its parent, each row's path committed;
+    ragged batches are the eager tests' business, `test_hybrid_batch`).
+    The tokens are transformers'. The experts run as batched matmuls, which compile (the eager
+    ones do not). (Single-prompt trees compile the same layer forward; checked by hand, kept out
+    of the suite's compile budget.)"""
     from drafters_for_tests import OracleTreeDrafter
 
-    prompt = [3, 17, 9, 3, 17, 9, 3, 17]
-    expected = hf_greedy(hybrid, prompt, 20)
+    prompts = [[3, 17, 9, 3, 17, 9, 3, 17]] * 2  # rows that finish together: one batch shape
+    expected = [hf_greedy(hybrid, prompts[0], 20)] * 2
     hybrid.set_experts_implementation("batched_mm")
     try:
-        for drafter in (GarbageDrafter(seed=1), OracleTreeDrafter(prompt + expected, seed=2)):
-            lm = CausalLM(hybrid)
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", UserWarning)  # no fallback, no message
-                result = specdec.generate(lm, prompt, drafter=drafter, num_draft_tokens=3, max_new_tokens=20,
-                                          compile=True)
-            assert result.tokens == expected
-            assert lm.static and lm.compiled and lm._replay is None, compile_failures()
-        assert result.stats.mean_accepted_length > 2, "the tree's accepted paths were gathered"
+        lm = CausalLM(hybrid)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # no fallback, no message
+            chain = specdec.generate(lm, prompts[0], drafter=GarbageDrafter(seed=1), num_draft_tokens=3,
+                                     max_new_tokens=20, compile=True)
+            trees = specdec.generate_batch(lm, prompts, drafter=OracleTreeDrafter(prompts[0] + expected[0], seed=2),
+                                           num_draft_tokens=3, max_new_tokens=20, compile=True)
+        assert chain.tokens == expected[0]
+        assert lm.static and lm.compiled and lm._replay is None, compile_failures()
+        assert [row.tokens for row in trees] == expected and not compile_failures()
+        assert trees[0].stats.mean_accepted_length > 2, "the tree's accepted paths were committed"
     finally:
         hybrid.set_experts_implementation("eager")
 

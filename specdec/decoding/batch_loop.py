@@ -49,28 +49,17 @@ def decode_batch(run: BatchRun) -> BatchGenerations:
 
 
 def prefill(run: BatchRun) -> None:
-    """One forward over every prompt but its last id (right-padded: a padding query sees only
-    itself, and no row keeps a padding column); then the drafter's prefill for every row."""
+    """One forward over every prompt but its last id (left-padded, `BatchLM.prefill`); then the
+    drafter's prefill for every row."""
     lm, rows = run.lm, run.rows
     run.layers = hidden_layers(run.declared, run.name, lm) if run.declared is not None else ()
     run.slots = list(range(len(rows)))
     width = max(row.prompt_length for row in rows) - 1
-    states = None
-    if width > 0:
-        lengths = torch.tensor([row.prompt_length - 1 for row in rows], device=lm.device)  # (B,)
-        column = torch.arange(width, device=lm.device)  # (P,)
-        real = column[None] < lengths[:, None]  # (B, P)
-        ids = torch.where(real, torch.stack([row.tokens[:width] for row in rows]), 0)  # (B, P)
-        eye = torch.eye(width, dtype=torch.bool, device=lm.device)
-        visible = (torch.ones(width, width, dtype=torch.bool, device=lm.device).tril()[None] & real[:, None, :]) | \
-            (eye[None] & ~real[:, :, None])  # (B, P, P)
-        _, states = run.target.forward(ids, column.expand(len(rows), width), visible, run.layers, fixed=False, keep=1)
-        kept = real.nonzero().tolist()
-        run.target.keep([b for b, _ in kept], [c for _, c in kept])
+    states = run.target.prefill([row.tokens[: row.prompt_length - 1] for row in rows], run.layers)  # (B, P, m * H)
     ctxs = {}
     for b, row in enumerate(rows):
         row.length = row.prompt_length
-        hidden = None if not run.layers else states[b, : row.prompt_length - 1] if states is not None else \
+        hidden = None if not run.layers else states[b, width - row.prompt_length + 1 :] if states is not None else \
             torch.empty(0, len(run.layers) * lm.hidden_size, dtype=lm.dtype, device=lm.device)
         row.ctx = _context(run, row, hidden, ())
         ctxs[row.index] = row.ctx
@@ -89,7 +78,11 @@ def step(run: BatchRun, start: float) -> None:
     width = run.engine.tree_rows(longest) if tree else run.k + 1 if longest else 1  # the tree's rows, root included
     rows = width + (run.engine.extra_rows if tree else 0)
     ids, positions, visible = lay_out(run, drafts, width, rows)
-    logits, states = run.target.forward(ids, positions, visible, run.layers)  # (S, R, V), (S, R, m * H)
+    # a tree's rows reach depth 1 + its deepest node's (padding nodes hang off the root: 2); at
+    # least 1 + k, so the steps of one decode share one compiled graph
+    depth = 1 + max([1, run.k] + [max(depths(c.parents), default=0) if c.parents is not None else
+                                  c.draft.tokens.shape[0] for c in drafts.values()]) if tree else None
+    logits, states = run.target.forward(ids, positions, visible, run.layers, depth=depth)  # (S, R, V), (S, R, m * H)
     verdicts = row_verdicts(run, drafts, logits, ids, tree)
     if run.lm.ranks is not None:  # every rank commits the leader's verdicts (`specdec.distributed.ranks`)
         slots = sorted(slot for slot, _ in live_rows(run))

@@ -27,11 +27,13 @@ import torch
 from specdec.runtime.cache import KV
 from specdec.runtime.engine import Step
 from specdec.runtime.forward import model_forward, prepare_for_compile
+from specdec.runtime.linear import CHAIN, visible_layout
 from specdec.runtime.target import CausalLM
-from specdec.runtime.windows import layer_masks
+from specdec.runtime.windows import FULL, layer_masks
 
 __all__ = ["BatchLM", "grouped_attention"]
 
+LINEAR = "linear_attention"  # transformers' layer type of linear-attention layers, a key of its mask mapping
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers' switch for SDPA's own grouped-query attention
 
 
@@ -67,10 +69,6 @@ class BatchLM:
                              "by one with specdec.generate")
         self.lm, self.capacity, self.rows = lm, capacity, rows
         self.kv = KV(lm.model, capacity)  # kv.length: the columns written (`width`)
-        if self.kv.recurrent:
-            raise ValueError(f"{type(lm.model).__name__} cannot decode a batch: its linear-attention layers keep "
-                             "one state per position of one sequence, not per batch row; decode its prompts one by "
-                             "one with specdec.generate")
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=lm.device)  # (B, C) kept columns
         self.base = 0  # the first column of the last forward
         if compile:
@@ -90,15 +88,49 @@ class BatchLM:
         """LongTensor [B]: the columns each row keeps."""
         return self.valid.sum(dim=1)
 
+    def prefill(self, prompts: list[torch.Tensor], hidden: tuple[int, ...] = ()) -> torch.Tensor | None:
+        """Feed every row's ids (prompts[b], any lengths), left-aligned to the longest: row b's
+        ids take the last len(prompts[b]) of P columns, at positions 0, 1, ...; each sees its own
+        earlier ids, a padding column only itself, and no row keeps a padding column. The
+        linear-attention layers zero the padding's inputs (transformers' padding mask), so a
+        row's recurrent state starts at its first id exactly as when decoded alone. Returns the
+        hidden states of the layers `hidden` names, [B, P, len(hidden) * H] (None for none)."""
+        device = self.lm.device
+        width = max(prompt.shape[0] for prompt in prompts)
+        if width == 0:
+            return None
+        lengths = torch.tensor([prompt.shape[0] for prompt in prompts], device=device)  # (B,)
+        column = torch.arange(width, device=device)  # (P,)
+        start = width - lengths  # (B,) each row's first real column
+        real = column[None] >= start[:, None]  # (B, P)
+        ids = torch.stack([torch.cat([prompt.new_zeros(width - prompt.shape[0]), prompt]) for prompt in prompts])
+        positions = (column[None] - start[:, None]).clamp(min=0)  # (B, P)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        eye = torch.eye(width, dtype=torch.bool, device=device)
+        visible = (causal[None] & real[:, None, :]) | (eye[None] & ~real[:, :, None])  # (B, P, P)
+        _, states = self.forward(ids, positions, visible, hidden, fixed=False, keep=1, padding=real)
+        where = real.nonzero().tolist()
+        self.valid[[b for b, _ in where], [self.base + c for _, c in where]] = True
+        return states
+
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, hidden: tuple[int, ...] = (),
-                fixed: bool = True, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                fixed: bool = True, keep: int | None = None, depth: int | None = None,
+                padding: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ids, positions [B, R]; visible [B, R, R] among the new rows. Returns the logits of the
         last `keep` rows (all by default) [B, keep, V] and the hidden states of the layers `hidden`
-        names, [B, R, len(hidden) * H] (None for none)."""
+        names, [B, R, len(hidden) * H] (None for none).
+
+        On a target with linear-attention layers a step keeps every row's state until `keep`
+        commits each batch row's path: a chain (each row continues the row before it) unless
+        `depth` is given, then a tree of at most that depth whose rows continue the latest row
+        they see. `padding` [B, R] (True = a real id) makes it a prefill instead, committed at once."""
         batch, rows = ids.shape
         if self.width + rows > self.capacity:
             self.compact()
-        self.kv.reserve(rows)
+        recurrent = self.kv.recurrent
+        layout = None if padding is not None or not recurrent else CHAIN if depth is None else \
+            visible_layout(visible, self.kv.kernel, depth)
+        self.kv.reserve(rows, layout, batch)
         width = self.capacity
         seen = self.valid[:, None, :].expand(batch, rows, width).clone()  # (B, R, C)
         seen[:, :, self.width : self.width + rows] = visible
@@ -106,6 +138,8 @@ class BatchLM:
             positions = positions.clamp(max=self.lm.max_positions - 1)  # padding rows may run past the table
         # (B, 1, R, C) additive, one per kind of layer where kinds mix (sliding layers: their window too)
         mask = layer_masks(self.kv.attention, seen, positions, self.kv.key_positions(positions), self.lm.dtype)
+        if recurrent:  # the linear-attention layers' own entry: a prefill's padding mask [B, R], else none
+            mask = {**(mask if isinstance(mask, dict) else {FULL: mask}), LINEAR: padding}
         self.base = self.width
         args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
         # a first write allocates the cache (never compiled); a prefill's shape varies
@@ -116,11 +150,18 @@ class BatchLM:
         return logits, states
 
     def keep(self, rows: list[int], columns: list[int]) -> None:
-        """Row rows[i] keeps the new column base + columns[i] of the last forward."""
+        """Row rows[i] keeps the new column base + columns[i] of the last forward (a step's); on
+        a target with linear-attention layers each row's state becomes that after its last kept
+        column, the columns it keeps being a path from its first."""
         if rows:
             where = torch.tensor([rows, columns], dtype=torch.long)  # (2, n)
             where[1] += self.base
             self.valid[where[0].to(self.valid.device), where[1].to(self.valid.device)] = True
+        if self.kv.recurrent:
+            paths: list[list[int]] = [[] for _ in range(self.rows)]
+            for row, column in zip(rows, columns):
+                paths[row].append(column)
+            self.kv.commit_rows([sorted(path) for path in paths])
 
     def compact(self) -> None:
         """Move every row's kept columns to the front of its columns, in order; the holes go."""
@@ -128,7 +169,7 @@ class BatchLM:
         self.kv.reorder(order)
         kept = self.kept()  # (B,)
         self.valid = torch.arange(self.capacity, device=self.valid.device)[None] < kept[:, None]
-        self.kv.rollback(int(kept.max()) if kept.numel() else 0)
+        self.kv.rebase(int(kept.max()) if kept.numel() else 0)
 
     def select(self, rows: list[int]) -> None:
         """Keep only the batch rows `rows`, in that order (the others finished)."""

@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import (Cache, LinearAttentionCacheLayerMixin, LinearAttentionLayer, StaticLayer,
                                       StaticSlidingWindowLayer, get_layer_types_and_kwargs)
 
-from specdec.runtime.linear import LinearStates, TreeLayout, linear_dims
+from specdec.runtime.linear import LinearStates, TreeLayout, linear_dims, serve_linear_layers
 from specdec.runtime.windows import SLIDING, attention_kinds
 
 __all__ = ["KV", "cache_length", "check_transformers", "crop_cache", "gather_columns", "gather_positions",
@@ -182,6 +182,8 @@ class KV:
         self.length = 0
         self._layers = [layer for layer in self.cache.layers if isinstance(layer, StaticLayer)]
         self._linear = [layer for layer in self.cache.layers if isinstance(layer, LinearStates)]
+        if self._linear:
+            serve_linear_layers(owner)  # their forwards that keep rows keep every row's state
         first = next(owner.parameters(), None)
         self._dtype = first.dtype if first is not None else torch.float32
         self._device = first.device if first is not None else torch.device("cpu")
@@ -228,11 +230,12 @@ class KV:
                     total += tensor.numel() * tensor.element_size()
         return total
 
-    def reserve(self, rows: int, layout: str | TreeLayout | None = None) -> None:
+    def reserve(self, rows: int, layout: str | TreeLayout | None = None, batch: int = 1) -> None:
         """Check that a forward of `rows` rows fits after the held positions, and ready the
-        linear-attention layers for it: `layout` None feeds rows that are committed at once (a
-        prefill: whatever rows were kept since the last commit are committed first), CHAIN or a
-        TreeLayout keeps every row's state until the commit (`rollback`, `gather`)."""
+        linear-attention layers for it (`batch` rows of a batch): `layout` None feeds rows that are
+        committed at once (a prefill: whatever rows were kept since the last commit are committed
+        first), CHAIN or a TreeLayout keeps every row's state until the commit (`rollback`,
+        `gather`, a batch's `commit_rows`)."""
         if self.capacity is not None and self.length + rows > self.capacity:
             raise ValueError(f"a forward of {rows} rows after {self.length} cached positions overflows the static "
                              f"cache of {self.capacity} positions; size it for the whole generation")
@@ -242,7 +245,7 @@ class KV:
                 self.rollback(self.length)
                 kept = 0
             for layer in self._linear:
-                layer.ensure(1, self._dtype, self._device, kept + rows if layout is not None else 0)
+                layer.ensure(batch, self._dtype, self._device, kept + rows if layout is not None else 0)
                 layer.layout = layout
 
     def advanced(self, rows: int, positions: torch.Tensor | None = None) -> None:
@@ -287,8 +290,39 @@ class KV:
     def select(self, rows: torch.Tensor) -> None:
         """Keep the batch rows `rows` ([b] indices, in that order)."""
         select_batch(self.cache, rows)
+        for layer in self._linear:
+            layer.select(rows)
         if self.positions is not None and self.positions.shape[0] > 1:
             self.positions = self.positions.index_select(0, rows.to(self.positions.device))
+
+    def commit_rows(self, kept: list[list[int]]) -> None:
+        """A batch's commit after a forward that kept its rows' states (every row of it fed since
+        the last commit): batch row b keeps the new rows kept[b] (ascending, a path from the
+        first; empty: it keeps nothing and its state stays). Each linear-attention layer takes,
+        per batch row, the state after its last kept row and the conv window along its path; the
+        attention layers' columns are the caller's business (a batch's holes)."""
+        if not self._linear:
+            return
+        layer = self._linear[0]
+        kernel, fed = layer.kernel, self.length - layer.anchor
+        if any(len(rows) and (rows[-1] >= fed or rows != sorted(set(rows))) for rows in kept):
+            raise ValueError(f"cannot commit rows {kept} of a forward of {fed} rows")
+        states = [1 + rows[-1] if rows else 0 for rows in kept]  # in cat(committed state, slot states)
+        windows = [(list(range(kernel)) + [kernel + row for row in rows])[-kernel:] for rows in kept]
+        states_t = torch.tensor(states, dtype=torch.long).to(self._device, non_blocking=True)  # (B,)
+        windows_t = torch.tensor(windows, dtype=torch.long).to(self._device, non_blocking=True)  # (B, K)
+        for linear in self._linear:
+            linear.commit_rows(states_t, windows_t, self.length)
+
+    def rebase(self, length: int) -> None:
+        """A batch's compaction: its columns moved to the front, `length` of them now hold what
+        every row keeps. The attention layers' length becomes `length`; the linear-attention
+        layers' committed states stay as they are, anchored at `length`."""
+        if self._linear and self.length != self._linear[0].anchor:
+            raise ValueError("a batch compacts its columns only between steps, with every row's state committed")
+        for linear in self._linear:
+            linear.rebase(length)
+        self.retreat(length)
 
     def mask_width(self, rows: int) -> int:
         """Columns of the 4D mask of a forward of `rows` rows: the capacity, or the cached positions plus rows."""

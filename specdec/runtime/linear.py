@@ -26,7 +26,8 @@ from transformers.cache_utils import LinearAttentionLayer
 
 from specdec.runtime.delta_rule import gated_delta_chain, gated_delta_tree, tree_conv
 
-__all__ = ["CHAIN", "LinearStates", "TreeLayout", "linear_dims", "serve_linear_layers", "served_layers", "tree_layout"]
+__all__ = ["CHAIN", "LinearStates", "TreeLayout", "linear_dims", "serve_linear_layers", "served_layers", "tree_layout",
+           "visible_layout"]
 
 CHAIN = "chain"  # a layout: each row's parent is the row before it (the first row's, the state before the forward)
 _SERVED = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
@@ -64,6 +65,23 @@ def tree_layout(parents: list[int], kernel: int, device: torch.device) -> TreeLa
     return TreeLayout(torch.tensor([parents], dtype=torch.long).to(device),
                       torch.tensor([ancestors], dtype=torch.long).reshape(1, len(parents), kernel - 1).to(device),
                       depth)
+
+
+def visible_layout(visible: torch.Tensor, kernel: int, depth: int) -> TreeLayout:
+    """The TreeLayout of a batch's rows from what each row sees among them, visible [B, n, n]
+    (True = attend; a row sees its ancestors and itself): each row's parent is the latest earlier
+    row it sees (-1: none, the state before the forward). Computed on the device, no host sync;
+    `depth` (at least the deepest row's depth) comes from the caller, who laid the rows out."""
+    rows = visible.shape[-1]
+    steps = torch.arange(rows, device=visible.device)
+    earlier = visible & (steps[None, :] < steps[:, None])[None]  # (B, n, n) strictly earlier rows seen
+    parents = torch.where(earlier, steps, -1).amax(dim=-1)  # (B, n)
+    chain, previous = [], parents
+    for _ in range(kernel - 1):  # the K - 1 previous inputs, newest first: rows, then -1, -2, ... before
+        chain.append(previous)
+        previous = torch.where(previous >= 0, parents.gather(1, previous.clamp(min=0)), previous - 1)
+    ancestors = torch.stack(chain[::-1], dim=-1)  # (B, n, K - 1) oldest first
+    return TreeLayout(parents, ancestors, 1 << (max(depth, 1) - 1).bit_length())
 
 
 def linear_dims(config: Any) -> dict[str, int]:
@@ -176,6 +194,33 @@ class LinearStates(LinearAttentionLayer):
         self.window.copy_(pool.index_select(-1, window))
         self.state.copy_(self._states()[:, base - self.anchor + rows[-1]])
         self._reanchor(base + len(rows))
+
+    def commit_rows(self, states: torch.Tensor, windows: torch.Tensor, length: int) -> None:
+        """A batch's commit, each batch row its own: row b takes the state at states[b] in
+        cat(state, slot states) (0: the committed one) and its conv window at windows[b] [K] in
+        cat(window, slot inputs); `length` becomes the anchor (the batch's column count)."""
+        pool = torch.cat([self.window, self._inputs()], dim=-1)  # (B, C, K + S)
+        index = windows[:, None, :].expand(-1, self.channels, -1)  # (B, C, K)
+        self.window.copy_(pool.gather(2, index))
+        stacked = torch.cat([self.state[:, None], self._states()], dim=1)  # (B, 1 + S, Hv, Dk, Dv)
+        self.state.copy_(stacked[torch.arange(states.shape[0], device=states.device), states])
+        self._reanchor(length)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows `rows` ([b] indices, in that order) of every buffer."""
+        if self.offset is None:
+            return
+        index = rows.to(self.window.device)
+        self.conv_states[0] = self.window.index_select(0, index)
+        self.recurrent_states[0] = self.state.index_select(0, index)
+        self.inputs, self.states = self._inputs().index_select(0, index), self._states().index_select(0, index)
+        if self.window.device.type == "cuda":
+            for tensor in (self.window, self.state, self.inputs, self.states):
+                torch._dynamo.mark_static_address(tensor)
+
+    def rebase(self, length: int) -> None:
+        """The columns moved (a batch's compaction), the states did not: the anchor becomes `length`."""
+        self._reanchor(length)
 
     def set_length(self, length: torch.Tensor) -> None:
         """Inside a compiled step: the slots written since the anchor become `length - anchor`."""

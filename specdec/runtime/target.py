@@ -22,7 +22,7 @@ from transformers.cache_utils import Cache
 from specdec.distributed.ranks import Ranks, model_ranks
 from specdec.runtime.cache import KV, check_transformers, has_recurrent_state
 from specdec.runtime.engine import Step, fed_step, step_for
-from specdec.runtime.linear import CHAIN, TreeLayout, serve_linear_layers, tree_layout
+from specdec.runtime.linear import CHAIN, TreeLayout, tree_layout
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
                                      prepare_for_compile)
 from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppable_layers
@@ -167,8 +167,6 @@ class CausalLM:
                               self.model, restore=self._restore)
             self._chains = {}
             self._compile = compile
-        if self.kv.static and has_recurrent_state(self.kv.cache):
-            serve_linear_layers(self.model)  # their verify forwards keep every row's state
         self._replay = Replay() if has_recurrent_state(self.kv.cache) and not self.kv.static else None
         self._obstacle = tree_obstacle(self.model, self.kv.cache)
         if self.pipelined and self._obstacle is not None:
