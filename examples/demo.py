@@ -18,6 +18,12 @@ Below the table, one line per drafter gives its draft tax, measured in the same 
 draft step's cost (a drafter forward; the whole draft for a model-free drafter) against one
 target forward of plain decoding, and what a draft of k tokens costs in target forwards.
 
+Then the Qwen3.5 case: the zoo's hybrid family (`specdec zoo build --hybrid`: a target in Qwen3.5's
+layout, three GatedDeltaNet linear-attention layers to one full-attention layer, trained with one
+MTP module) decodes the same prompts plainly and with its MTP module drafting chains and trees,
+compiled: the linear layers keep each draft row's state and the commit takes the accepted one
+(`docs/engine.md`), with its draft tax below.
+
 Tokens/s and speedup are wall-clock figures of small models on a CPU, where each forward's
 fixed cost is large; mean accepted length is the machine-independent number. Decoding runs on
 the compiled engine (`docs/engine.md`; `--eager` for the eager one); the warm-up round compiles,
@@ -50,6 +56,7 @@ HEADER = ("drafter", "new tokens", "target forwards", "mean acc. len", "acceptan
           "same as plain")
 CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")
 DRAFTERS = tuple(label for name in CHAINS for label in (name, f"{name}+tree"))  # NAME+tree: its token-tree mode
+HYBRID_DRAFTERS = ("mtp", "mtp+tree")  # the hybrid family's story: its MTP module, chains and trees
 
 
 @dataclass(frozen=True)
@@ -77,23 +84,23 @@ def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], drafter: Any, 
     return outputs, total_stats(runs)
 
 
-def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
-    """The zoo's options for each row of DRAFTERS; NAME+tree adds the drafter's tree options."""
+def drafter_options(directory: Path, labels: tuple[str, ...] = DRAFTERS) -> dict[str, dict[str, Any]]:
+    """The zoo's options for each of `labels`; NAME+tree adds the drafter's tree options."""
     options = zoo.drafter_options(directory)
-    for label in DRAFTERS:
+    for label in labels:
         name, _, tree = label.partition("+")
         if tree:
             options[label] = {**options[name], **plugins.drafter_class(name).tree_options}
     return options
 
 
-def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace
-            ) -> list[Row]:
-    """Plain decoding and every drafter, `args.repeats` interleaved rounds; median times. Each drafter
-    is made once (its prefill resets it), so its compiled steps replay in every round. A bar on
-    stderr names the row being decoded (`--no-progress` hides it)."""
-    options = drafter_options(directory)
-    names: list[str | None] = [None, *DRAFTERS]
+def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace,
+            labels: tuple[str, ...] = DRAFTERS) -> list[Row]:
+    """Plain decoding and each drafter of `labels`, `args.repeats` interleaved rounds; median times.
+    Each drafter is made once (its prefill resets it), so its compiled steps replay in every
+    round. A bar on stderr names the row being decoded (`--no-progress` hides it)."""
+    options = drafter_options(directory, labels)
+    names: list[str | None] = [None, *labels]
     drafters = {name: None if name is None else specdec.make_drafter(name.partition("+")[0], **options[name])
                 for name in names}
     compile = not args.eager
@@ -163,7 +170,7 @@ def losses(directory: Path) -> str:
     record = zoo.manifest(directory)
     pieces = record["pieces"]
     parts = [f"{name} {pieces[name]['heldout_loss']:.2f}" for name in ("target", "draft-model", "medusa", "eagle",
-                                                                        "eagle3", "mtp")]
+                                                                        "eagle3", "mtp") if name in pieces]
     return (f"{record['name']} zoo ({directory}), built in {record['build_seconds']:.0f} s; held-out loss "
             f"(nats/token): {', '.join(parts)}")
 
@@ -180,6 +187,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for decoding (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (building, decoding)")
     parser.add_argument("--eager", action="store_true", help="decode eagerly (default: the compiled engine)")
+    parser.add_argument("--family", choices=("both", "main", "hybrid"), default="both",
+                        help="the zoo families shown: the main one (every drafter), the hybrid one (MTP on a "
+                             "Qwen3.5-layout target), or both (default)")
     args = parser.parse_args(argv)
     for field in ("prompts", "new_tokens", "k", "repeats", "threads"):
         if getattr(args, field) < 1:
@@ -190,21 +200,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
-    directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
-                          show_progress=not args.no_progress)
+    prompts = code_prompts(stdlib_corpus(), per_category=args.prompts)
+    exact = True
+    if args.family in ("both", "main"):
+        exact &= show_family(zoo.QUICK if args.quick else zoo.FULL, prompts, args, DRAFTERS, example=True)
+    if args.family in ("both", "hybrid"):
+        settings = zoo.HYBRID_QUICK if args.quick else zoo.HYBRID
+        size = settings.target
+        print(f"\nThe Qwen3.5 case: a hybrid target of {size.layers} layers ({size.layers * 3 // 4} GatedDeltaNet "
+              f"linear-attention, {size.layers // 4} full-attention) and one MTP module, drafting chains and trees.")
+        exact &= show_family(settings, prompts, args, HYBRID_DRAFTERS, example=False)
+    print(f"\nTotal {time.perf_counter() - began:.0f} s.")
+    return 0 if exact else 1
+
+
+def show_family(settings: zoo.ZooSettings, prompts: list[Any], args: argparse.Namespace, labels: tuple[str, ...],
+                example: bool) -> bool:
+    """Build (or load) one family, decode the prompts plainly and with each of `labels`, print its
+    table and draft taxes; whether every drafter reproduced plain decoding."""
+    directory = zoo.build(settings, root=args.cache_dir, show_progress=not args.no_progress)
     tokenizer = load_tokenizer(directory / "target")
     target = specdec.CausalLM(load_causal_lm(directory / "target"))
-    prompts = code_prompts(stdlib_corpus(), per_category=args.prompts)
     ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
     print(losses(directory))
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        example = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
-        print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
-        print(f"{prompts[0].text}\033[2m{tokenizer.decode(example)}\033[0m" if sys.stdout.isatty()
-              else prompts[0].text + tokenizer.decode(example), flush=True)
-        rows = compare(target, ids, directory, args)
+        if example:
+            first = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
+            print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
+            print(f"{prompts[0].text}\033[2m{tokenizer.decode(first)}\033[0m" if sys.stdout.isatty()
+                  else prompts[0].text + tokenizer.decode(first), flush=True)
+        rows = compare(target, ids, directory, args, labels)
     finally:
         torch.set_num_threads(previous)
     print(f"\n{len(prompts)} held-out prompts ({', '.join(sorted({p.category for p in prompts}))}), greedy, "
@@ -213,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print()
     print(draft_taxes(rows, args.k))
-    print(f"\nTotal {time.perf_counter() - began:.0f} s.")
-    return 0 if all(r.same_as_plain for r in rows) else 1
+    return all(r.same_as_plain for r in rows)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def _table_rows(output: str) -> list[dict[str, str]]:
 def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = demo.main(["--quick", "--cache-dir", str(quick_zoo.parent), "--prompts", "1", "--new-tokens",
+        code = demo.main(["--quick", "--family", "main", "--cache-dir", str(quick_zoo.parent), "--prompts", "1", "--new-tokens",
                           str(NEW_TOKENS), "--k", str(K), "--repeats", "1", "--no-progress"])
     output = buffer.getvalue()
     return code, _table_rows(output), output

@@ -17,6 +17,8 @@ __all__ = ["add_zoo_commands", "format_info"]
 def _family(args: argparse.Namespace) -> Any:
     from specdec import zoo
 
+    if args.hybrid:
+        return zoo.HYBRID_QUICK if args.quick else zoo.HYBRID
     return zoo.QUICK if args.quick else zoo.FULL
 
 
@@ -110,6 +112,9 @@ def add_zoo_commands(commands: Any) -> None:
                        help="zoo cache (default $XDG_CACHE_HOME/specdec/zoo, else ~/.cache/specdec/zoo)")
     family = argparse.ArgumentParser(add_help=False)
     family.add_argument("--quick", action="store_true", help="the small family built in under a minute")
+    family.add_argument("--hybrid", action="store_true",
+                        help="the Qwen3.5-layout family: a hybrid target (GatedDeltaNet linear attention beside full "
+                             "attention, 3 : 1) with its MTP module, draft-model, eagle3, ngram and suffix")
     build = actions.add_parser("build", parents=[cache, family],
                                help="train the family (reused when the cache already holds it)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")

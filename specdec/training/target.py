@@ -12,16 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from specdec.drafters.mtp_head import MtpHead
 from specdec.training.data import WindowSampler
 from specdec.training.losses import next_token_loss
 from specdec.training.mtp import mtp_hidden
 from specdec.training.optim import Steps, learning_rate, make_optimizer, progress, set_learning_rate
-from specdec.training.shape import check_shape, qwen3_config
+from specdec.training.shape import check_shape, qwen35_config, qwen3_config
 
-__all__ = ["TargetSize", "heldout_loss", "mtp_weight", "target_config", "train_target"]
+__all__ = ["ARCHITECTURES", "TargetSize", "heldout_loss", "mtp_weight", "new_target", "target_config", "train_target"]
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,29 @@ class TargetSize:
     kv_heads: int = 2
     intermediate: int | None = None  # default 3 * hidden
     max_positions: int = 2048
+    architecture: str = "qwen3"  # or "qwen3_5": the hybrid layout (`specdec.training.shape.qwen35_config`)
 
     def __post_init__(self) -> None:
         check_shape("target", self, ("hidden", "layers", "heads", "kv_heads", "max_positions"))
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"target architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
 
 
-def target_config(size: TargetSize, vocab_size: int, eos_id: int) -> Qwen3Config:
-    """A Qwen3 config of `size`, tied embeddings, `eos_id` as BOS, EOS and padding."""
-    return qwen3_config(size, vocab_size, size.max_positions, bos_token_id=eos_id, eos_token_id=eos_id,
-                        pad_token_id=eos_id, architectures=["Qwen3ForCausalLM"])
+ARCHITECTURES = {"qwen3": (qwen3_config, "Qwen3ForCausalLM"), "qwen3_5": (qwen35_config, "Qwen3_5ForCausalLM")}
+
+
+def target_config(size: TargetSize, vocab_size: int, eos_id: int) -> PretrainedConfig:
+    """The config of `size` in its architecture (Qwen3, or Qwen3.5's hybrid layout with one MTP
+    module), tied embeddings, `eos_id` as BOS, EOS and padding."""
+    build, name = ARCHITECTURES[size.architecture]
+    special = {"mtp_num_hidden_layers": 1} if size.architecture == "qwen3_5" else {}
+    return build(size, vocab_size, size.max_positions, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+                 architectures=[name], **special)
+
+
+def new_target(size: TargetSize, vocab_size: int, eos_id: int) -> PreTrainedModel:
+    """A freshly initialised float32 target of `size` (`target_config`)."""
+    return AutoModelForCausalLM.from_config(target_config(size, vocab_size, eos_id)).float()
 
 
 def mtp_weight(step: int, steps: int, early: float = 0.3, late: float = 0.1) -> float:
@@ -50,7 +64,7 @@ def mtp_weight(step: int, steps: int, early: float = 0.3, late: float = 0.1) -> 
     return early if step < (2 * steps) // 3 else late
 
 
-def _losses(model: Qwen3ForCausalLM, head: MtpHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _losses(model: PreTrainedModel, head: MtpHead, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(main next-token loss, MTP loss on the token after next) for ids [B, T]."""
     hidden = model.model(input_ids=ids).last_hidden_state  # (B, T, H), post-norm
     main = next_token_loss(model.lm_head(hidden[:, :-1]), ids[:, 1:])
@@ -60,7 +74,7 @@ def _losses(model: Qwen3ForCausalLM, head: MtpHead, ids: torch.Tensor) -> tuple[
     return main, extra
 
 
-def train_target(model: Qwen3ForCausalLM, head: MtpHead, data: torch.Tensor, settings: Steps,
+def train_target(model: PreTrainedModel, head: MtpHead, data: torch.Tensor, settings: Steps,
                  show_progress: bool = True) -> dict[str, float]:
     """Train model and MTP module together on windows of `data` [N]; both end in eval mode."""
     model.train()

@@ -4,15 +4,15 @@ source, so every drafter can be compared on models that have learned something; 
 `specdec.decoding`, `specdec.drafters`, `specdec.runtime` and `specdec.training`.
 
     from specdec import zoo
-    directory = zoo.build(zoo.QUICK)          # or zoo.FULL; reused once built
+    directory = zoo.build(zoo.QUICK)          # or zoo.FULL, zoo.HYBRID (Qwen3.5 layout); reused once built
     zoo.piece_dir(zoo.FULL, "target")         # a piece's checkpoint directory
 """
 
 from __future__ import annotations
 
 from specdec.zoo.build import build, drafter_options
-from specdec.zoo.settings import FULL, QUICK, ZooSettings, family
+from specdec.zoo.settings import FULL, HYBRID, HYBRID_QUICK, QUICK, ZooSettings, family
 from specdec.zoo.store import PIECES, cache_root, family_dir, finished, manifest, piece_dir
 
-__all__ = ["FULL", "PIECES", "QUICK", "ZooSettings", "build", "cache_root", "drafter_options", "family",
+__all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "PIECES", "QUICK", "ZooSettings", "build", "cache_root", "drafter_options", "family",
            "family_dir", "finished", "manifest", "piece_dir"]

@@ -1,9 +1,11 @@
 """Building a zoo family from the standard library's source, offline and reproducibly:
 
 1. a byte-level BPE tokenizer on the training files;
-2. the target, a Qwen3-architecture causal LM trained with a joint MTP loss;
-3. a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, distilled together from the frozen
-   target, and a retrieval datastore (a suffix array) of the training text;
+2. the target, a causal LM trained with a joint MTP loss: Qwen3's architecture, or Qwen3.5's
+   hybrid layout (GatedDeltaNet linear attention and full attention at 3 : 1, one MTP module);
+3. the family's learned drafters (a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, or
+   those of them its settings name), distilled together from the frozen target, and a retrieval
+   datastore (a suffix array) of the training text;
 4. held-out losses of every piece, each drafter's acceptance decoding held-out code prompts, with
    every piece reloaded from the files just written, through its drafter, and each drafter's
    draft tax: one draft step's cost against one target forward (`specdec.zoo.costs`).
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Qwen3ForCausalLM
+from transformers import PreTrainedModel
 
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.data.corpus import Corpus, read_text, stdlib_corpus
@@ -44,22 +46,19 @@ from specdec.training.eagle3 import Eagle3Student
 from specdec.training.estimate import acceptance_estimate
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
-from specdec.training.target import heldout_loss, target_config, train_target
+from specdec.training.target import heldout_loss, new_target, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
 from specdec.versions import software_versions
 from specdec.zoo.costs import draft_costs
-from specdec.zoo.settings import FULL, ZooSettings
+from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, ZooSettings
 from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, staging
 
 __all__ = ["build", "drafter_options"]
 
-LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
-TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
-
-
-def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
-    """`make_drafter` options of every drafter that serves a built family's target, with the
-    value temperature the build fitted for each learned drafter's dynamic trees."""
+def drafter_options(directory: Path, drafters: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
+    """`make_drafter` options of every drafter that serves a built family's target (`drafters`,
+    else those its manifest names, else every drafter), with the value temperature the build
+    fitted for each learned drafter's dynamic trees."""
     options: dict[str, dict[str, Any]] = {
         "ngram": {}, "lookahead": {}, "suffix": {},
         "retrieval": {"datastore": str(directory / "datastore"), "tree": False},  # chains; its tree row adds tree
@@ -67,10 +66,15 @@ def drafter_options(directory: Path) -> dict[str, dict[str, Any]]:
         "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
         "eagle3": {"path": str(directory / "eagle3")},
         "mtp": {"path": str(directory / "target")}}
+    if drafters is None and (directory / MANIFEST).is_file():
+        drafters = tuple(json.loads((directory / MANIFEST).read_text())["settings"]["drafters"])
+    if drafters is not None:
+        options = {name: value for name, value in options.items() if name in drafters}
     calibration = directory / CALIBRATION
     if calibration.is_file():
         for name, tau in json.loads(calibration.read_text()).items():
-            options[name]["value_temperature"] = float(tau)
+            if name in options:
+                options[name]["value_temperature"] = float(tau)
     return options
 
 
@@ -105,10 +109,11 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     stages.done("target")
     students = _train_students(work, settings, target, tokenizer, data.train, show_progress)
     stages.done("students")
-    say("datastore: a suffix array of the training text, for the retrieval drafter")
-    build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
-                             sources=[str(corpus.root)])
-    stages.done("datastore")
+    if "retrieval" in settings.drafters:
+        say("datastore: a suffix array of the training text, for the retrieval drafter")
+        build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
+                                 sources=[str(corpus.root)])
+        stages.done("datastore")
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
     learned = [*students, MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())]
@@ -121,7 +126,7 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
     costs = _costs(work, corpus, tokenizer, settings)
     stages.done("draft_tax")
-    sizes = dict(zip(LEARNED, (_parameters(student.module) for student in students))) | {"mtp": _parameters(mtp_head)}
+    sizes = {student.name: _parameters(student.module) for student in students} | {"mtp": _parameters(mtp_head)}
     pieces = _pieces(work, settings, target, windows, sizes, figures, temperatures, acceptance, costs)
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
               "build_seconds": stages.total(), "stage_seconds": stages.seconds,
@@ -170,10 +175,10 @@ def _tokenizer_and_data(work: Path, settings: ZooSettings, corpus: Corpus, say: 
 
 
 def _train_target(work: Path, settings: ZooSettings, tokenizer: Any, train: torch.Tensor, show_progress: bool
-                  ) -> tuple[Qwen3ForCausalLM, Any]:
+                  ) -> tuple[PreTrainedModel, Any]:
     """The target and its MTP head, trained together and saved to work/target with the tokenizer."""
     torch.manual_seed(settings.seed)
-    target = Qwen3ForCausalLM(target_config(settings.target, settings.vocab_size, int(tokenizer.eos_token_id))).float()
+    target = new_target(settings.target, settings.vocab_size, int(tokenizer.eos_token_id))
     mtp_head = create_mtp_head(target.config, settings.seed + 1)
     train_target(target, mtp_head, train, settings.target_steps, show_progress)
     with quiet_transformers():
@@ -183,29 +188,38 @@ def _train_target(work: Path, settings: ZooSettings, tokenizer: Any, train: torc
     return target, mtp_head
 
 
-def _train_students(work: Path, settings: ZooSettings, target: Qwen3ForCausalLM, tokenizer: Any, train: torch.Tensor,
+def _train_students(work: Path, settings: ZooSettings, target: PreTrainedModel, tokenizer: Any, train: torch.Tensor,
                     show_progress: bool) -> list[Any]:
-    """The draft model, Medusa, EAGLE and EAGLE-3 students (LEARNED's order), distilled from the
-    target together and each saved in its own directory of `work`."""
-    students: list[Any] = [
-        DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=settings.student_steps.lr),
-        MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
-                             settings.seed + 3, lr=settings.student_steps.lr),
-        EagleStudent.create(target, settings.seed + 4, lr=settings.student_steps.lr / 4),
-        Eagle3Student.create(target, train, settings.seed + 5, lr=settings.eagle3_lr,
-                             draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)]
+    """The family's draft model, Medusa, EAGLE and EAGLE-3 students (LEARNED's order, those
+    `settings.drafters` names), distilled from the target together and each saved in its own
+    directory of `work`."""
+    lr = settings.student_steps.lr
+    create: dict[str, Callable[[], Any]] = {
+        "draft-model": lambda: DraftModelStudent.create(settings.draft, target, settings.seed + 2, lr=lr),
+        "medusa": lambda: MedusaStudent.create(settings.medusa_heads, settings.medusa_layers,
+                                               target.get_output_embeddings(), settings.seed + 3, lr=lr),
+        "eagle": lambda: EagleStudent.create(target, settings.seed + 4, lr=lr / 4),
+        "eagle3": lambda: Eagle3Student.create(target, train, settings.seed + 5, lr=settings.eagle3_lr,
+                                               draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)}
+    students = [create[name]() for name in LEARNED if name in create and name in settings.drafters]
     distill(target, students, train, settings.student_steps, show_progress)
-    draft, medusa, eagle, eagle3 = students
-    with quiet_transformers():
-        draft.module.save_pretrained(work / "draft-model")
-    tokenizer.save_pretrained(str(work / "draft-model"))
-    save_medusa(medusa.module, work / "medusa")
-    save_eagle(eagle.module, work / "eagle")
-    save_eagle3(eagle3.module, work / "eagle3", layout=SPECULATORS)  # keeps norm_before_residual
+    save: dict[str, Callable[[Any], None]] = {
+        "draft-model": lambda module: _save_draft_model(module, tokenizer, work / "draft-model"),
+        "medusa": lambda module: save_medusa(module, work / "medusa"),
+        "eagle": lambda module: save_eagle(module, work / "eagle"),
+        "eagle3": lambda module: save_eagle3(module, work / "eagle3", layout=SPECULATORS)}  # keeps norm_before_residual
+    for student in students:
+        save[student.name](student.module)
     return students
 
 
-def _pieces(work: Path, settings: ZooSettings, target: Qwen3ForCausalLM, windows: Any, sizes: dict[str, int],
+def _save_draft_model(module: PreTrainedModel, tokenizer: Any, directory: Path) -> None:
+    with quiet_transformers():
+        module.save_pretrained(directory)
+    tokenizer.save_pretrained(str(directory))
+
+
+def _pieces(work: Path, settings: ZooSettings, target: PreTrainedModel, windows: Any, sizes: dict[str, int],
             figures: dict[str, Any], temperatures: dict[str, float], acceptance: dict[str, dict[str, Any]],
             costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The manifest's entry for each piece: where it lies, its size, and what the build measured of it."""
@@ -213,16 +227,17 @@ def _pieces(work: Path, settings: ZooSettings, target: Qwen3ForCausalLM, windows
         "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
         "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
                    "heldout_loss": heldout_loss(target, windows)}}
-    for name in LEARNED:
+    for name in (name for name in LEARNED if name in settings.drafters):
         directory = "target" if name == "mtp" else name
         pieces[name] = {"path": directory, "parameters": sizes[name],
                         "bytes": _bytes(work / directory) if name != "mtp" else None,
                         "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
         if name in temperatures:
             pieces[name]["value_temperature"] = temperatures[name]
-    for name in TRAINING_FREE:
+    for name in (name for name in TRAINING_FREE if name in settings.drafters):
         pieces[name] = {"path": "datastore" if name == "retrieval" else None, **acceptance[name]}
-    pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
+    if "retrieval" in pieces:
+        pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
     for name, drafter_costs in costs["drafters"].items():
         pieces[name]["draft_cost"] = drafter_costs
     return pieces
@@ -245,7 +260,8 @@ def _costs(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) ->
     """Every drafter's draft tax (`specdec.zoo.costs.draft_costs`) on two held-out prompts."""
     target = CausalLM(load_causal_lm(work / "target"))
     factories: dict[str, Callable[[], Any]] = {
-        name: functools.partial(make_drafter, name, **options) for name, options in drafter_options(work).items()}
+        name: functools.partial(make_drafter, name, **options)
+        for name, options in drafter_options(work, settings.drafters).items()}
     return draft_costs(target, factories, _prompts(corpus, tokenizer, settings)[:2], k=4,
                        new_tokens=settings.eval_new_tokens, rounds=settings.cost_rounds,
                        compile=settings.cost_compiled)
@@ -256,7 +272,7 @@ def _acceptance(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSetting
     target = CausalLM(load_causal_lm(work / "target"))
     prompts = _prompts(corpus, tokenizer, settings)
     out = {}
-    for name, options in drafter_options(work).items():
+    for name, options in drafter_options(work, settings.drafters).items():
         stats = acceptance_estimate(target, lambda: make_drafter(name, **options), prompts, k=4,
                                     max_new_tokens=settings.eval_new_tokens)
         out[name] = {"mean_accepted_length": round(stats.mean_accepted_length, 3),

@@ -12,9 +12,12 @@ from specdec.training.draft_model import DraftSize
 from specdec.training.optim import Steps
 from specdec.training.target import TargetSize
 
-__all__ = ["FULL", "QUICK", "ZOO_FORMAT", "ZooSettings", "family"]
+__all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "LEARNED", "QUICK", "TRAINING_FREE", "ZOO_FORMAT", "ZooSettings",
+           "family"]
 
-ZOO_FORMAT = 8  # bump when the build changes what the same settings produce
+ZOO_FORMAT = 9  # bump when the build changes what the same settings produce (9: families name their drafters)
+LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")  # trained by the build (mtp with the target)
+TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,13 @@ class ZooSettings:
     cost_rounds: int  # timed rounds of the draft-tax measurement (`specdec.zoo.costs`)
     cost_compiled: bool  # measure it on the compiled engine (the quick family's 60 s budget cannot compile)
     seed: int = 0
+    drafters: tuple[str, ...] = LEARNED + TRAINING_FREE  # the family's drafters: those that serve its target
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.drafters) - set(LEARNED + TRAINING_FREE))
+        if unknown or "mtp" not in self.drafters:
+            raise ValueError(f"zoo family {self.name!r}: drafters must come from {LEARNED + TRAINING_FREE} and "
+                             f"include mtp (trained with the target), got {self.drafters}")
 
     def key(self) -> str:
         """12 hex digits of SHA-256 over the settings, the build format and the Python version (whose
@@ -79,11 +89,39 @@ QUICK = ZooSettings(
     eval_windows=8, eval_prompts=1, eval_new_tokens=24,
     cost_rounds=1, cost_compiled=False)
 
-_FAMILIES = {"full": FULL, "quick": QUICK}
+# The Qwen3.5 case: a hybrid target in Qwen3.5's layout (three GatedDeltaNet linear-attention layers
+# to one full-attention layer) with one MTP module, and the drafters that serve such a target
+# (lookahead's extra rows cannot, `docs/engine.md`).
+HYBRID_DRAFTERS = ("draft-model", "eagle3", "mtp", "ngram", "suffix")
+
+HYBRID = ZooSettings(
+    name="hybrid", vocab_size=2048, tokenizer_chars=3_000_000, train_chars=None, heldout_chars=None,
+    target=TargetSize(hidden=64, layers=12, heads=2, kv_heads=1, intermediate=192, architecture="qwen3_5"),
+    target_steps=Steps(steps=500, batch=4, seq_len=352, lr=1e-2, seed=1),
+    draft=DraftSize(hidden=96, layers=1, heads=3, kv_heads=1),
+    medusa_heads=3, medusa_layers=1,
+    student_steps=Steps(steps=150, batch=4, seq_len=352, lr=1e-2, seed=2),
+    eagle3_layers=(2, 6, 10), eagle3_vocab=2048, eagle3_lr=1.5e-2,
+    eval_windows=24, eval_prompts=2, eval_new_tokens=64,
+    cost_rounds=3, cost_compiled=False, drafters=HYBRID_DRAFTERS)  # eager draft tax: the build stays near 6 min
+
+HYBRID_QUICK = ZooSettings(
+    name="hybrid-quick", vocab_size=384, tokenizer_chars=200_000, train_chars=400_000, heldout_chars=50_000,
+    target=TargetSize(hidden=32, layers=4, heads=2, kv_heads=1, intermediate=64, max_positions=512,
+                      architecture="qwen3_5"),
+    target_steps=Steps(steps=30, batch=4, seq_len=96, lr=4e-3, seed=1),
+    draft=DraftSize(hidden=32, layers=1, heads=2, kv_heads=1),
+    medusa_heads=3, medusa_layers=1,
+    student_steps=Steps(steps=15, batch=4, seq_len=96, lr=3e-3, seed=2),
+    eagle3_layers=(0, 2, 4), eagle3_vocab=256, eagle3_lr=3e-3,
+    eval_windows=4, eval_prompts=1, eval_new_tokens=16,
+    cost_rounds=1, cost_compiled=False, drafters=HYBRID_DRAFTERS)
+
+_FAMILIES = {"full": FULL, "quick": QUICK, "hybrid": HYBRID, "hybrid-quick": HYBRID_QUICK}
 
 
 def family(name: str) -> ZooSettings:
-    """The settings of a named family ("full" or "quick")."""
+    """The settings of a named family ("full", "quick", "hybrid" or "hybrid-quick")."""
     if name not in _FAMILIES:
         raise ValueError(f"unknown zoo family {name!r}; choose from {sorted(_FAMILIES)}")
     return _FAMILIES[name]

@@ -59,9 +59,13 @@ def piece_dir(settings: ZooSettings, piece: str, root: str | Path | None = None)
     if piece not in PIECES:
         raise ValueError(f"unknown zoo piece {piece!r}; choose from {', '.join(PIECES)}")
     directory = family_dir(settings, root)
+    flags = (" --hybrid" if settings.name.startswith("hybrid") else "") + (" --quick" if "quick" in settings.name else "")
     if not (directory / MANIFEST).is_file():
         raise FileNotFoundError(f"the {settings.name} zoo is not built under {cache_root(root)}; run "
-                                f"`specdec zoo build{' --quick' if settings.name == 'quick' else ''}`")
+                                f"`specdec zoo build{flags}`")
+    if not (directory / PIECES[piece]).is_dir():
+        raise FileNotFoundError(f"the {settings.name} zoo has no {piece} (its drafters: "
+                                f"{', '.join(settings.drafters)})")
     return directory / PIECES[piece]
 
 
