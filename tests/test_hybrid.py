@@ -329,11 +329,28 @@ def test_sampling_with_rejections_is_lossless_on_a_hybrid_target(drafter):
     assert p_value >= ALPHA, f"hybrid target with {drafter} is not lossless: chi-square p = {p_value:.3g}"
 
 
+class HalfOracle:
+    """A chain drafter right for its first two tokens and wrong for the rest: every verify
+    commits a row in the middle of the chain."""
+
+    name = "half-oracle"
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference = reference
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        start = int(ctx.tokens.shape[0])
+        right = self.reference[start : start + min(k, 2)]
+        wrong = [(token + 1) % ctx.vocab_size for token in self.reference[start + len(right) : start + k]]
+        return Draft(torch.tensor(right + wrong, dtype=torch.long))
+
+
 def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hybrid):
     """Its GatedDeltaNet layers keep each row's state in the compiled verify, with no snapshot
     and no replay: a chain padded to k + 1 rows decoding one prompt, and token trees for a batch
     of two (each batch row its own tree, each node from its parent, each row's path committed;
-    ragged batches are the eager tests' business, `test_hybrid_batch`).
+    ragged batches are the eager tests' business, `test_hybrid_batch`). Both decodes end without a
+    one-row step, so each compiles one verify graph.
     The tokens are transformers'. The experts run as batched matmuls, which compile (the eager
     ones do not). (Single-prompt trees compile the same layer forward; checked by hand, kept out
     of the suite's compile budget.)"""
@@ -346,11 +363,12 @@ def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hy
         lm = CausalLM(hybrid)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # no fallback, no message
-            chain = specdec.generate(lm, prompts[0], drafter=GarbageDrafter(seed=1), num_draft_tokens=3,
+            # 3 tokens a step to 18, then a chain of one: every step replays the k + 1-row graph
+            chain = specdec.generate(lm, prompts[0], drafter=HalfOracle(prompts[0] + expected[0]), num_draft_tokens=3,
                                      max_new_tokens=20, compile=True)
             trees = specdec.generate_batch(lm, prompts, drafter=OracleTreeDrafter(prompts[0] + expected[0], seed=2),
                                            num_draft_tokens=3, max_new_tokens=20, compile=True)
-        assert chain.tokens == expected[0]
+        assert chain.tokens == expected[0] and chain.stats.steps == 7, chain.stats
         assert lm.static and lm.compiled and lm._replay is None, compile_failures()
         assert [row.tokens for row in trees] == expected and not compile_failures()
         assert trees[0].stats.mean_accepted_length > 2, "the tree's accepted paths were committed"
