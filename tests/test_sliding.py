@@ -215,19 +215,22 @@ def test_sampling_on_a_sliding_target_is_lossless() -> None:
 # --- compiled ------------------------------------------------------------------------------------------
 
 def test_compiled_decoding_of_a_sliding_target_equals_eager() -> None:
-    """Gemma 3 mixes sliding and full layers: chains compile transformers' own windowed mask over
-    the full-length layers, trees (accepted paths gathered) take one explicit mask per kind of
-    layer into the graph, as a batch's forward does (the batch's windows over holes are checked
-    eagerly above: its compiled graph is that of any target given a mask)."""
+    """Gemma 3 mixes sliding and full layers: a chain compiles transformers' own windowed mask
+    over the full-length layers; a batch of token trees (each row's accepted path kept, its
+    windows measured in its own positions) takes one explicit mask per kind of layer into the
+    graph, as a single prompt's tree does (the batch's windows over holes and ragged rows are
+    checked eagerly above)."""
     target = _target("gemma3", dtype=torch.float32)
     target.config._attn_implementation = "sdpa"
     reference = specdec.generate(target, PROMPT, max_new_tokens=30).tokens
-    cases = {"chain": lambda: GarbageDrafter(seed=1), "tree": lambda: OracleTreeDrafter(PROMPT + reference, seed=2)}
-    for name, drafter in cases.items():
-        eager = specdec.generate(target, PROMPT, drafter=drafter(), num_draft_tokens=3, max_new_tokens=30)
-        lm = CausalLM(target)
-        compiled = specdec.generate(lm, PROMPT, drafter=drafter(), num_draft_tokens=3, max_new_tokens=30,
-                                    compile=True)
-        assert compiled.tokens == eager.tokens == reference, name
-        assert lm.compiled, compile_failures()
+    eager = specdec.generate(target, PROMPT, drafter=GarbageDrafter(seed=1), num_draft_tokens=3, max_new_tokens=30)
+    lm = CausalLM(target)
+    compiled = specdec.generate(lm, PROMPT, drafter=GarbageDrafter(seed=1), num_draft_tokens=3, max_new_tokens=30,
+                                compile=True)
+    assert compiled.tokens == eager.tokens == reference
+    assert lm.compiled, compile_failures()
+    trees = specdec.generate_batch(lm, [PROMPT, PROMPT], drafter=OracleTreeDrafter(PROMPT + reference, seed=2),
+                                   num_draft_tokens=3, max_new_tokens=30, compile=True)
+    assert [row.tokens for row in trees] == [reference, reference]
+    assert trees[0].stats.mean_accepted_length > 2, "the trees' accepted paths were kept"
     assert not [key for key in compile_failures() if "Gemma3" in key[0]], compile_failures()
