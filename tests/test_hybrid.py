@@ -359,6 +359,7 @@ def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hy
     prompts = [[3, 17, 9, 3, 17, 9, 3, 17]] * 2  # rows that finish together: one batch shape
     expected = [hf_greedy(hybrid, prompts[0], 20)] * 2
     hybrid.set_experts_implementation("batched_mm")
+    failed = compile_failures()  # those of earlier tests in this process
     try:
         lm = CausalLM(hybrid)
         with warnings.catch_warnings():
@@ -370,7 +371,7 @@ def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hy
                                            num_draft_tokens=3, max_new_tokens=20, compile=True)
         assert chain.tokens == expected[0] and chain.stats.steps == 7, chain.stats
         assert lm.static and lm.compiled and lm._replay is None, compile_failures()
-        assert [row.tokens for row in trees] == expected and not compile_failures()
+        assert [row.tokens for row in trees] == expected and compile_failures() == failed, compile_failures()
         assert trees[0].stats.mean_accepted_length > 2, "the tree's accepted paths were committed"
     finally:
         hybrid.set_experts_implementation("eager")

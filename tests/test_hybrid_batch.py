@@ -48,8 +48,9 @@ def _plain_states(model, sequence: list[int]) -> tuple[torch.Tensor, DynamicCach
 
 def _batch_step(batch: BatchLM, sequences: list[list[int]], tree: bool, rnd: random.Random) -> list[torch.Tensor]:
     """One step of random drafts on every batch row (its own tree, or chain, of its own size),
-    padded to one width, each row keeping a random root path. Returns each row's kept rows'
-    logits and extends each sequence by its kept draft tokens and a random next root."""
+    padded to one width, each row keeping a random root path, or now and then nothing (an idle
+    row, as a compiled batch holds: its state must stay). Returns each row's kept rows' logits
+    and extends each sequence by its kept draft tokens and a random next root."""
     width = 6
     rows, ids, positions, visible, paths, drafts = [], [], [], [], [], []
     deepest = 1
@@ -66,8 +67,9 @@ def _batch_step(batch: BatchLM, sequences: list[list[int]], tree: bool, rnd: ran
         ids.append(torch.tensor(sequence[-1:] + tokens + [0] * (width - size - 1)))
         positions.append(offsets + len(sequence) - 1)
         visible.append(seen)
-        paths.append([0] + [i + 1 for i in path])
-        drafts.append([tokens[i] for i in path])
+        idle = rnd.random() < 0.2
+        paths.append([] if idle else [0] + [i + 1 for i in path])
+        drafts.append(None if idle else [tokens[i] for i in path])
     logits, _ = batch.forward(torch.stack(ids), torch.stack(positions), torch.stack(visible),
                               depth=1 + deepest if tree else None)  # (B, W, V)
     for b, path in enumerate(paths):
@@ -75,7 +77,8 @@ def _batch_step(batch: BatchLM, sequences: list[list[int]], tree: bool, rnd: ran
     batch.keep([b for b, _ in rows], [c for _, c in rows])
     shown = [logits[b, path] for b, path in enumerate(paths)]
     for sequence, accepted in zip(sequences, drafts):
-        sequence += accepted + [rnd.randrange(64)]
+        if accepted is not None:
+            sequence += accepted + [rnd.randrange(64)]
     return shown
 
 
@@ -95,6 +98,10 @@ def test_after_any_batch_steps_each_row_holds_the_state_of_its_plain_forward(hyb
             bases = [len(sequence) - 1 for sequence in sequences]
             shown = _batch_step(batch, sequences, tree, rnd)
             for b, (sequence, base) in enumerate(zip(sequences, bases)):
+                if len(sequence) == 1:  # an idle row that has committed nothing: its state is still zero
+                    assert all(not layer.state[b].any() and not layer.window[b].any()
+                               for layer in batch.kv.cache.layers if isinstance(layer, LinearStates))
+                    continue
                 reference, cache = _plain_states(hybrid, sequence[:-1])
                 torch.testing.assert_close(shown[b], reference[base:], rtol=0, atol=1e-10)
                 for index, layer in enumerate(batch.kv.cache.layers):
@@ -158,6 +165,12 @@ def test_each_row_of_a_sampled_hybrid_batch_follows_plain_sampling():
     assert 0 < accepted < drafted, (drafted, accepted)
     p_value = chi_square_p_value(observed, exact_distribution(target, PROMPT, sampling))
     assert p_value >= ALPHA, f"hybrid batch rows deviate from plain sampling: chi-square p = {p_value:.3g}"
+
+
+def test_a_drafter_with_extra_rows_is_refused_on_a_hybrid_batch_by_name(hybrid):
+    with pytest.raises(ValueError, match="drafter 'lookahead' drafts extra rows, which Qwen3NextForCausalLM cannot "
+                                         "run: .*specdec.generate"):
+        specdec.generate_batch(hybrid, PROMPTS, drafter="lookahead", max_new_tokens=4)
 
 
 def test_a_mamba2_hybrid_cannot_batch_and_says_why():

@@ -44,6 +44,7 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
         assert (quick_zoo / directory).is_dir(), piece
     pieces = record["pieces"]
     assert set(pieces) == {"tokenizer", "target", *LEARNED, *TRAINING_FREE}
+    assert set(zoo.drafter_options(quick_zoo)) == {*LEARNED, *TRAINING_FREE}
     for name in ("target", *LEARNED):
         assert pieces[name]["parameters"] > 0 and 0 < pieces[name]["heldout_loss"] < 10, name
     for name in (*LEARNED, *TRAINING_FREE):

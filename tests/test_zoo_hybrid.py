@@ -106,3 +106,8 @@ def test_a_hybrid_target_needs_its_layers_in_fours():
         target_config(TargetSize(hidden=32, layers=6, heads=2, kv_heads=1, architecture="qwen3_5"), 64, 0)
     with pytest.raises(ValueError, match="architecture must be one of .* got 'mamba'"):
         TargetSize(architecture="mamba")
+
+
+def test_a_family_built_before_families_named_their_drafters_offers_every_drafter(tmp_path: Path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"name": "full"}}))
+    assert set(zoo.drafter_options(tmp_path)) == set(zoo.settings.LEARNED + zoo.settings.TRAINING_FREE)

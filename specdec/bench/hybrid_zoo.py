@@ -148,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.data.prompts import code_prompts
     from specdec.runtime.target import CausalLM
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     directory = zoo.build(zoo.HYBRID_QUICK if args.quick else zoo.HYBRID, root=args.cache_dir)
     tokenizer = load_tokenizer(directory / "target")
     model = load_causal_lm(directory / "target")

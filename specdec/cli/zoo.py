@@ -89,7 +89,7 @@ def _info(args: argparse.Namespace) -> int:
     found = sorted(p for p in root.glob("*/manifest.json") if not p.parent.name.startswith(".")) \
         if root.is_dir() else []
     if not found:
-        print(f"no zoo built under {root}; run `specdec zoo build` (or `specdec zoo build --quick`)")
+        print(f"no zoo built under {root}; run `specdec zoo build` (or `--quick`, `--hybrid`)")
         return 0
     for i, file in enumerate(found):
         try:

@@ -69,9 +69,10 @@ def generate_batch(
         batch_target = BatchLM(lm, len(checked), static_capacity(engine.max_length + engine.verify_rows + HOLE_ROOM),
                                compile=compile)
         if engine.extra_rows and batch_target.kv.recurrent:
-            raise ValueError(f"{type(lm.model).__name__} cannot run drafter {name!r}'s extra rows in a batch: its "
-                             "linear-attention layers follow one path per row, so a row seeing several rows at once "
-                             "has no state to start from; draft it with a drafter without extra rows")
+            raise ValueError(f"drafter {name!r} drafts extra rows, which {type(lm.model).__name__} cannot run: its "
+                             "linear-attention layers continue one row from one earlier row, and an extra row sees "
+                             "several; decode these prompts with specdec.generate (which drops the extra rows with a "
+                             "warning) or choose a drafter without extra rows")
         rows = []
         for i, prompt in enumerate(checked):
             tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)

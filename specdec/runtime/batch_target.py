@@ -8,10 +8,12 @@ runs at its own position ids (its committed length, not the column), so a row re
 keys and values at the same positions as when decoded alone, and the holes add only masked
 terms: its logits are those of batch-1 decoding. A sliding layer's window is measured in those
 positions (the cache keeps each column's, `specdec.runtime.windows`), so holes do not eat into
-it. Nothing in the cache moves after a step (a
+it. Nothing in the attention layers moves after a step (a
 tree's accepted path stays where it was written); when the columns run out, `compact` moves
 each row's entries to the front of its columns, in order (one gather per layer), and a row
-that finished leaves the batch with `select`.
+that finished leaves the batch with `select`. A linear-attention layer (GatedDeltaNet) keeps no
+columns but a state per batch row: a step keeps the state after every row it feeds, and `keep`
+takes, per batch row, the state after its own last kept row (`specdec.runtime.linear`).
 
 Chains and trees take one path: a chain is a chain-shaped tree (`specdec.trees.verify_layout`).
 """
@@ -89,7 +91,7 @@ class BatchLM:
         return self.valid.sum(dim=1)
 
     def prefill(self, prompts: list[torch.Tensor], hidden: tuple[int, ...] = ()) -> torch.Tensor | None:
-        """Feed every row's ids (prompts[b], any lengths), left-aligned to the longest: row b's
+        """Feed every row's ids (prompts[b], any lengths), left-padded to the longest: row b's
         ids take the last len(prompts[b]) of P columns, at positions 0, 1, ...; each sees its own
         earlier ids, a padding column only itself, and no row keeps a padding column. The
         linear-attention layers zero the padding's inputs (transformers' padding mask), so a
@@ -153,15 +155,15 @@ class BatchLM:
         """Row rows[i] keeps the new column base + columns[i] of the last forward (a step's); on
         a target with linear-attention layers each row's state becomes that after its last kept
         column, the columns it keeps being a path from its first."""
-        if rows:
-            where = torch.tensor([rows, columns], dtype=torch.long)  # (2, n)
-            where[1] += self.base
-            self.valid[where[0].to(self.valid.device), where[1].to(self.valid.device)] = True
-        if self.kv.recurrent:
+        if self.kv.recurrent:  # checks the paths before anything changes
             paths: list[list[int]] = [[] for _ in range(self.rows)]
             for row, column in zip(rows, columns):
                 paths[row].append(column)
             self.kv.commit_rows([sorted(path) for path in paths])
+        if rows:
+            where = torch.tensor([rows, columns], dtype=torch.long)  # (2, n)
+            where[1] += self.base
+            self.valid[where[0].to(self.valid.device), where[1].to(self.valid.device)] = True
 
     def compact(self) -> None:
         """Move every row's kept columns to the front of its columns, in order; the holes go."""

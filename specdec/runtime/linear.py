@@ -8,8 +8,8 @@ for the rows fed since the last commit (their conv inputs [B, C, S] and states [
 A forward that keeps rows (a verify, a drafter's step; `layout` set) runs `keep_forward`, which
 computes every row from its parent row's state (`specdec.runtime.delta_rule`): chains and token
 trees alike, so a rejected branch costs nothing to undo. The commit (`commit_chain`,
-`commit_path`) copies the accepted row's state and conv window into place: no snapshot, no
-second forward. A forward that keeps nothing (a prefill) is transformers' own, on the committed
+`commit_path`; in a batch `commit_rows`, each batch row its own path) copies the accepted row's
+state and conv window into place: no snapshot, no second forward. A forward that keeps nothing (a prefill) is transformers' own, on the committed
 state. Vendors' engines keep one state per draft position the same way; SGLang also per tree node.
 """
 
@@ -71,7 +71,8 @@ def visible_layout(visible: torch.Tensor, kernel: int, depth: int) -> TreeLayout
     """The TreeLayout of a batch's rows from what each row sees among them, visible [B, n, n]
     (True = attend; a row sees its ancestors and itself): each row's parent is the latest earlier
     row it sees (-1: none, the state before the forward). Computed on the device, no host sync;
-    `depth` (at least the deepest row's depth) comes from the caller, who laid the rows out."""
+    `depth` (at least the deepest row's depth, kept as given: the caller holds it fixed across a
+    decode, so its steps share one graph) comes from the caller, who laid the rows out."""
     rows = visible.shape[-1]
     steps = torch.arange(rows, device=visible.device)
     earlier = visible & (steps[None, :] < steps[:, None])[None]  # (B, n, n) strictly earlier rows seen
@@ -81,7 +82,7 @@ def visible_layout(visible: torch.Tensor, kernel: int, depth: int) -> TreeLayout
         chain.append(previous)
         previous = torch.where(previous >= 0, parents.gather(1, previous.clamp(min=0)), previous - 1)
     ancestors = torch.stack(chain[::-1], dim=-1)  # (B, n, K - 1) oldest first
-    return TreeLayout(parents, ancestors, 1 << (max(depth, 1) - 1).bit_length())
+    return TreeLayout(parents, ancestors, max(depth, 1))
 
 
 def linear_dims(config: Any) -> dict[str, int]:
@@ -202,8 +203,9 @@ class LinearStates(LinearAttentionLayer):
         pool = torch.cat([self.window, self._inputs()], dim=-1)  # (B, C, K + S)
         index = windows[:, None, :].expand(-1, self.channels, -1)  # (B, C, K)
         self.window.copy_(pool.gather(2, index))
-        stacked = torch.cat([self.state[:, None], self._states()], dim=1)  # (B, 1 + S, Hv, Dk, Dv)
-        self.state.copy_(stacked[torch.arange(states.shape[0], device=states.device), states])
+        rows = torch.arange(states.shape[0], device=states.device)
+        kept = self._states()[rows, (states - 1).clamp(min=0)]  # (B, Hv, Dk, Dv): B states read, not B x S
+        self.state.copy_(torch.where((states > 0)[:, None, None, None], kept, self.state))
         self._reanchor(length)
 
     def select(self, rows: torch.Tensor) -> None:
@@ -213,10 +215,12 @@ class LinearStates(LinearAttentionLayer):
         index = rows.to(self.window.device)
         self.conv_states[0] = self.window.index_select(0, index)
         self.recurrent_states[0] = self.state.index_select(0, index)
-        self.inputs, self.states = self._inputs().index_select(0, index), self._states().index_select(0, index)
+        if self.inputs is not None and self.states is not None:  # slots exist once a step kept rows
+            self.inputs, self.states = self.inputs.index_select(0, index), self.states.index_select(0, index)
         if self.window.device.type == "cuda":
             for tensor in (self.window, self.state, self.inputs, self.states):
-                torch._dynamo.mark_static_address(tensor)
+                if tensor is not None:
+                    torch._dynamo.mark_static_address(tensor)
 
     def rebase(self, length: int) -> None:
         """The columns moved (a batch's compaction), the states did not: the anchor becomes `length`."""
@@ -296,7 +300,9 @@ def keep_forward(module: nn.Module, hidden_states: torch.Tensor, layer: LinearSt
     value = value.reshape(batch, rows, -1, module.head_v_dim)
     beta = b.sigmoid()
     g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)  # (B, n, Hv)
-    tip = torch.cat([layer.state[:, None], layer._states()], dim=1).index_select(1, offset.view(1))[:, 0]
+    # the state before the rows: the committed one, or the last slot's (one state read, not all the slots')
+    last = layer._states().index_select(1, (offset - 1).clamp(min=0).view(1))[:, 0]  # (B, Hv, Dk, Dv)
+    tip = torch.where(offset > 0, last, layer.state)
     out, states = gated_delta_chain(query, key, value, g, beta, tip) if layer.layout == CHAIN else \
         gated_delta_tree(query, key, value, g, beta, tip, parents, depth)
     layer._states().index_copy_(1, slots, states.to(layer._states().dtype))

@@ -67,7 +67,8 @@ def drafter_options(directory: Path, drafters: tuple[str, ...] | None = None) ->
         "eagle3": {"path": str(directory / "eagle3")},
         "mtp": {"path": str(directory / "target")}}
     if drafters is None and (directory / MANIFEST).is_file():
-        drafters = tuple(json.loads((directory / MANIFEST).read_text())["settings"]["drafters"])
+        named = json.loads((directory / MANIFEST).read_text())["settings"].get("drafters")  # None: built before
+        drafters = tuple(named) if named is not None else None
     if drafters is not None:
         options = {name: value for name, value in options.items() if name in drafters}
     calibration = directory / CALIBRATION
@@ -202,7 +203,8 @@ def _train_students(work: Path, settings: ZooSettings, target: PreTrainedModel, 
         "eagle3": lambda: Eagle3Student.create(target, train, settings.seed + 5, lr=settings.eagle3_lr,
                                                draft_vocab=settings.eagle3_vocab, layers=settings.eagle3_layers)}
     students = [create[name]() for name in LEARNED if name in create and name in settings.drafters]
-    distill(target, students, train, settings.student_steps, show_progress)
+    if students:
+        distill(target, students, train, settings.student_steps, show_progress)
     save: dict[str, Callable[[Any], None]] = {
         "draft-model": lambda module: _save_draft_model(module, tokenizer, work / "draft-model"),
         "medusa": lambda module: save_medusa(module, work / "medusa"),

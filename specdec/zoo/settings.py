@@ -22,9 +22,10 @@ TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
 @dataclass(frozen=True)
 class ZooSettings:
-    """One family: tokenizer, target (+ MTP), draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head,
-    and a retrieval datastore of the training text. The build measures each drafter's draft tax
-    (`specdec.zoo.costs`): one draft step's cost against one target forward."""
+    """One family: tokenizer, target (+ MTP), and the learned drafters `drafters` names among a draft
+    model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, and (for retrieval) a datastore of the
+    training text. The build measures each drafter's draft tax (`specdec.zoo.costs`): one draft
+    step's cost against one target forward."""
 
     name: str
     vocab_size: int
