@@ -80,8 +80,7 @@ def step(run: BatchRun, start: float) -> None:
     ids, positions, visible = lay_out(run, drafts, width, rows)
     # a tree's rows reach depth 1 + its deepest node's (padding nodes hang off the root: 2); at
     # least 1 + k, so the steps of one decode share one compiled graph
-    depth = 1 + max([1, run.k] + [max(depths(c.parents), default=0) if c.parents is not None else
-                                  c.draft.tokens.shape[0] for c in drafts.values()]) if tree else None
+    depth = 1 + max([1, run.k] + [_reached(c) for c in drafts.values()]) if tree else None
     logits, states = run.target.forward(ids, positions, visible, run.layers, depth=depth)  # (S, R, V), (S, R, m * H)
     verdicts = row_verdicts(run, drafts, logits, ids, tree)
     if run.lm.ranks is not None:  # every rank commits the leader's verdicts (`specdec.distributed.ranks`)
@@ -116,7 +115,7 @@ def step(run: BatchRun, start: float) -> None:
         if checked is not None:
             committed[index] = accepted
         n = 0 if checked is None else checked.draft.tokens.shape[0]
-        reached = (max(depths(checked.parents), default=0) if checked.parents is not None else n) if checked else 0
+        reached = _reached(checked) if checked is not None else 0
         row.counters.step(n, reached, verdict.num_accepted, seconds.get(index, share) if checked else 0.0,
                           verify_seconds)
         if stop_at < emitted or row.produced >= run.max_new_tokens:
@@ -173,6 +172,11 @@ def _check(run: BatchRun, proposed: object, k: int) -> Checked:
     if parents is not None:
         check_tree_size(run.name, run.k, engine, parents)
     return Checked(proposed, parents, None)
+
+
+def _reached(checked: Checked) -> int:
+    """The depth a checked draft reaches: its deepest node's, or a chain's length."""
+    return max(depths(checked.parents), default=0) if checked.parents is not None else checked.draft.tokens.shape[0]
 
 
 def shrink(run: BatchRun) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from specdec.training.draft_model import DraftSize
 from specdec.training.optim import Steps
@@ -95,16 +95,12 @@ QUICK = ZooSettings(
 # (lookahead's extra rows cannot, `docs/engine.md`).
 HYBRID_DRAFTERS = ("draft-model", "eagle3", "mtp", "ngram", "suffix")
 
-HYBRID = ZooSettings(
-    name="hybrid", vocab_size=2048, tokenizer_chars=3_000_000, train_chars=None, heldout_chars=None,
+HYBRID = replace(  # the full family's data and students, a shallower hybrid target and fewer steps
+    FULL, name="hybrid",
     target=TargetSize(hidden=64, layers=12, heads=2, kv_heads=1, intermediate=192, architecture="qwen3_5"),
-    target_steps=Steps(steps=500, batch=4, seq_len=352, lr=1e-2, seed=1),
-    draft=DraftSize(hidden=96, layers=1, heads=3, kv_heads=1),
-    medusa_heads=3, medusa_layers=1,
-    student_steps=Steps(steps=150, batch=4, seq_len=352, lr=1e-2, seed=2),
-    eagle3_layers=(2, 6, 10), eagle3_vocab=2048, eagle3_lr=1.5e-2,
-    eval_windows=24, eval_prompts=2, eval_new_tokens=64,
-    cost_rounds=3, cost_compiled=False, drafters=HYBRID_DRAFTERS)  # eager draft tax: the build stays near 6 min
+    target_steps=replace(FULL.target_steps, steps=500), student_steps=replace(FULL.student_steps, steps=150),
+    eagle3_layers=(2, 6, 10), cost_compiled=False,  # eager draft tax: the build stays near 6 min
+    drafters=HYBRID_DRAFTERS)
 
 HYBRID_QUICK = ZooSettings(
     name="hybrid-quick", vocab_size=384, tokenizer_chars=200_000, train_chars=400_000, heldout_chars=50_000,
