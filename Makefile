@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-gpu browser clean
+.PHONY: demo test bench bench-gpu browser clean docs-figures
 
 # Where pip finds local wheels (this project's machines keep torch's CPU wheel there), and the
 # indexes pip is told of in the environment: uv reads pip's settings only when passed them (an
@@ -48,6 +48,11 @@ browser:
 
 bench: $(STAMP)
 	$(VENV)/bin/specdec bench
+
+# Every figure of README.md and docs/ that the shipped zoo determines, measured from it again and
+# written into their generated blocks (specdec.zoo.publish); about 12 minutes on 2 cores.
+docs-figures: $(STAMP)
+	$(VENV)/bin/specdec zoo figures
 
 # The engine on random Llama-shaped targets of about 1B and 8B parameters in bfloat16, and the
 # zoo's drafters when the zoo is built (python -m specdec.bench.synthetic --help). Needs a CUDA

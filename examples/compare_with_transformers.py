@@ -9,8 +9,8 @@ Runs are interleaved and repeated; the table gives median seconds and tokens/s p
 the ratio (specdec tokens/s over transformers tokens/s).
 
 Models (nothing is downloaded):
-  --models zoo      (default) the zoo's target and draft model (`specdec zoo build`, built on
-                    first use; --quick for the small family) and a held-out code prompt: real
+  --models zoo      (default) the zoo's target and draft model (the shipped full family;
+                    --quick for the small family, built here) and a held-out code prompt: real
                     acceptance, small models (overhead matters).
   --models random   a random Llama of --hidden/--layers/--vocab; its draft model is its first
                     --draft-layers layers (shared embedding, final norm and LM head), and its
@@ -57,13 +57,14 @@ def build_models(args: argparse.Namespace) -> tuple[LlamaForCausalLM, LlamaForCa
 
 
 def zoo_models(quick: bool, cache_dir: str | None = None) -> tuple[PreTrainedModel, PreTrainedModel, torch.Tensor]:
-    """The zoo's target and draft model (built on first use), and a held-out code prompt."""
+    """The zoo's target and draft model (the shipped family, or the quick one built here), and a held-out
+    code prompt."""
     from specdec import zoo
     from specdec.checkpoints import load_causal_lm, load_tokenizer
     from specdec.data.corpus import stdlib_corpus
     from specdec.data.prompts import code_prompts
 
-    directory = zoo.build(zoo.QUICK if quick else zoo.FULL, root=cache_dir)
+    directory = zoo.ready(zoo.QUICK if quick else zoo.FULL, root=cache_dir)
     tokenizer = load_tokenizer(directory / "target")
     prompt = code_prompts(stdlib_corpus(), per_category=1, categories=("block",))[0]
     ids = torch.tensor(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])

@@ -1,32 +1,41 @@
 """`make demo`: every drafter of the zoo, side by side, on held-out code prompts.
 
-The first run builds the zoo (`specdec zoo build`: a tokenizer, a 32-layer Qwen3-architecture
+The zoo ships with specdec (`specdec.zoo.shipped`): a tokenizer, a 32-layer Qwen3-architecture
 target with an MTP module, a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained
-here on the standard library's source, and a retrieval datastore of that text, with progress
-bars); later runs reuse it from the cache. Then every drafter, the training-free ones (ngram,
-lookahead, suffix, retrieval) and the learned ones, decodes the same held-out prompts (a function
-signature and docstring, a class header, a half-written function) greedily with k draft tokens
-per step, interleaved with plain decoding of the same target, once drafting chains and once
-drafting token trees (NAME+tree, `docs/trees.md`). The table gives per drafter:
+by specdec on the standard library's source, and a retrieval datastore of that text, rebuilt from
+its recipe on first use. Every machine decodes with the same bytes, so the accepted lengths below
+are the ones `docs/zoo.md` publishes. Every drafter, the training-free ones (ngram, lookahead,
+suffix, retrieval) and the learned ones, decodes the family's evaluation prompts (held-out
+function signatures, class headers and half-written functions) at the family's temperature with
+a fixed seed per prompt, k draft tokens per step, interleaved prompt by prompt with plain decoding
+of the same target, once drafting chains and once drafting token trees (NAME+tree,
+`docs/trees.md`). Sampled, because the zoo's small target decoded greedily falls into loops
+("is a file is a file ..."), which any drafter predicts (`docs/zoo.md`, *Figures*). The table
+gives per drafter:
 
-- mean acc. len: tokens emitted per target forward, the bonus token included;
+- mean acc. len: tokens emitted per target forward, the bonus token included, with its 95%
+  bootstrap interval over prompts; rank: its place by it, `=` where the paired intervals cannot
+  order it against another (`specdec.intervals`);
+- from loops: the part of the mean accepted length made of loop tokens (`specdec.data.loops`);
 - acceptance: accepted over drafted tokens;
-- speedup: plain decoding's time over the drafter's, for the same prompts and tokens;
-- same as plain: whether the tokens equal plain greedy decoding's (lossless: they must).
+- speedup: plain decoding's time over the drafter's for the same prompts, with its interval and
+  the rank it supports;
+- lossless: whether, decoding greedily, the tokens equal plain greedy decoding's (they must:
+  the sampled rows are exact in distribution, which `tests/test_lossless_statistical.py` checks).
 
 Below the table, one line per drafter gives its draft tax, measured in the same rounds: one
 draft step's cost (a drafter forward; the whole draft for a model-free drafter) against one
 target forward of plain decoding, and what a draft of k tokens costs in target forwards.
 
-Then the Qwen3.5 case: the zoo's hybrid family (`specdec zoo build --hybrid`: a target in Qwen3.5's
-layout, three GatedDeltaNet linear-attention layers to one full-attention layer, trained with one
-MTP module) decodes the same prompts plainly and with its MTP module drafting chains and trees,
-compiled: the linear layers keep each draft row's state and the commit takes the accepted one
+Then the Qwen3.5 case: the zoo's hybrid family (also shipped: a target in Qwen3.5's layout, three
+GatedDeltaNet linear-attention layers to one full-attention layer, trained with one MTP module)
+decodes the same way plainly and with its MTP module drafting chains and trees, compiled: the
+linear layers keep each draft row's state and the commit takes the accepted one
 (`docs/engine.md`), with its draft tax below.
 
 Tokens/s and speedup are wall-clock figures of small models on a CPU, where each forward's
 fixed cost is large; mean accepted length is the machine-independent number. Decoding runs on
-the compiled engine (`docs/engine.md`; `--eager` for the eager one); the warm-up round compiles,
+the compiled engine (`docs/engine.md`; `--eager` for the eager one); the warm-up compiles,
 outside the timings.
 """
 
@@ -36,7 +45,7 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +54,17 @@ import torch
 import specdec
 from specdec import plugins, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
-from specdec.data.corpus import stdlib_corpus
-from specdec.data.prompts import code_prompts
+from specdec.data.loops import loop_count
+from specdec.data.prompts import first_per_category
+from specdec.intervals import Interval, rank_labels, ranks, ratio_interval
 from specdec.protocols import forget
 from specdec.training.optim import progress
 from specdec.types import Stats, total_stats
 from specdec.zoo.costs import model_steps
+from specdec.zoo.measure import Evaluation, read_evaluation
 
-HEADER = ("drafter", "new tokens", "target forwards", "mean acc. len", "acceptance", "tokens/s", "speedup",
-          "same as plain")
+HEADER = ("drafter", "mean acc. len [95%]", "acc. rank", "from loops", "acceptance", "tokens/s", "speedup [95%]",
+          "speed rank", "lossless")
 CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")
 DRAFTERS = tuple(label for name in CHAINS for label in (name, f"{name}+tree"))  # NAME+tree: its token-tree mode
 HYBRID_DRAFTERS = ("mtp", "mtp+tree")  # the hybrid family's story: its MTP module, chains and trees
@@ -61,82 +72,106 @@ HYBRID_DRAFTERS = ("mtp", "mtp+tree")  # the hybrid family's story: its MTP modu
 
 @dataclass(frozen=True)
 class Row:
-    """One line of the table."""
+    """One line of the table: the counters summed over prompts, and per prompt the tokens
+    emitted, target forwards and (median over rounds) seconds."""
 
     drafter: str
     stats: Stats
-    seconds: float  # median over repeats of the time for all prompts
-    speedup: float
-    same_as_plain: bool
+    new_tokens: list[int]
+    steps: list[int]
+    seconds: list[float]
+    loop_accepted: int  # accepted draft tokens that were loop tokens
+    lossless: bool | None  # greedy tokens equal to plain greedy decoding's (None: none checked)
 
+    @property
+    def accepted_length(self) -> Interval:
+        return ratio_interval(self.new_tokens, self.steps)
 
-def decode(target: specdec.CausalLM, prompts: list[torch.Tensor], drafter: Any, k: int, new_tokens: int,
-           compile: bool) -> tuple[list[list[int]], Stats]:
-    """Greedy decoding of every prompt with `drafter` (None: plain); tokens and summed counters.
-    A drafter that remembers earlier generations (suffix) forgets the previous rounds first."""
-    forget(drafter)
-    outputs, runs = [], []
-    for prompt in prompts:
-        result = specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
-                                  compile=compile)
-        outputs.append(result.tokens)
-        runs.append(result.stats)
-    return outputs, total_stats(runs)
+    @property
+    def from_loops(self) -> float:
+        return self.loop_accepted / self.stats.steps if self.stats.steps else 0.0
 
 
 def drafter_options(directory: Path, labels: tuple[str, ...] = DRAFTERS) -> dict[str, dict[str, Any]]:
-    """The zoo's options for each of `labels`; NAME+tree adds the drafter's tree options."""
+    """The zoo's options for each of `labels` it can serve here; NAME+tree adds the drafter's tree options."""
     options = zoo.drafter_options(directory)
     for label in labels:
         name, _, tree = label.partition("+")
-        if tree:
+        if tree and name in options:
             options[label] = {**options[name], **plugins.drafter_class(name).tree_options}
     return options
 
 
-def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], directory: Path, args: argparse.Namespace,
-            labels: tuple[str, ...] = DRAFTERS) -> list[Row]:
-    """Plain decoding and each drafter of `labels`, `args.repeats` interleaved rounds; median times.
-    Each drafter is made once (its prefill resets it), so its compiled steps replay in every
-    round. A bar on stderr names the row being decoded (`--no-progress` hides it)."""
+def decode_one(target: specdec.CausalLM, prompt: torch.Tensor, drafter: Any, evaluation: Evaluation, seed: int,
+               compile: bool, greedy: bool = False) -> specdec.Generation:
+    sampling = specdec.Sampling() if greedy else evaluation.sampling
+    return specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter else 0,
+                            max_new_tokens=evaluation.new_tokens, sampling=sampling, seed=seed, compile=compile)
+
+
+def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list[int], directory: Path,
+            evaluation: Evaluation, args: argparse.Namespace, labels: tuple[str, ...] = DRAFTERS) -> list[Row]:
+    """Plain decoding and each drafter of `labels` on every prompt, prompt by prompt, `args.repeats`
+    rounds (prompt i with seed evaluation.seed + numbers[i]); per-prompt median seconds. Before the rounds,
+    every row decodes the first `args.check` prompts greedily (which also warms up and compiles,
+    outside the timings) to check its tokens against plain greedy decoding's. Each drafter is made
+    once (its prefill resets it) and forgets what it remembered at the start of each round, so the
+    counters repeat every round and equal the family's figures. A bar on stderr shows progress."""
     options = drafter_options(directory, labels)
-    names: list[str | None] = [None, *labels]
+    names: list[str | None] = [None, *(label for label in labels if label in options)]
     drafters = {name: None if name is None else specdec.make_drafter(name.partition("+")[0], **options[name])
                 for name in names}
     compile = not args.eager
-    bar = progress(len(names) * (1 + args.repeats), "decoding", not args.no_progress)
-    bar.unit = "row"
-    for name in names:  # warm-up: compiling and other one-off costs stay out of the timings
-        bar.set_description(f"warm-up{' (compiling)' if compile else ''}: {name or 'plain'}")
-        decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
-        bar.update(1)
-    times: dict[str | None, list[float]] = {name: [] for name in names}
-    results: dict[str | None, tuple[list[list[int]], Stats]] = {}
+    checked = prompts[: args.check]
+    bar = progress(len(names) * (len(checked) + 1 + args.repeats * len(prompts)), "decoding", not args.no_progress)
+    bar.unit = "run"
+    greedy: dict[str | None, list[list[int]]] = {}
+    for name in names:  # the lossless check, and the warm-up of the sampled runs
+        bar.set_description(f"checking{' (compiling)' if compile else ''}: {name or 'plain'}")
+        forget(drafters[name])
+        greedy[name] = [decode_one(target, p, drafters[name], evaluation, 0, compile, greedy=True).tokens
+                        for p in checked]
+        decode_one(target, prompts[0], drafters[name], evaluation, evaluation.seed + numbers[0], compile)
+        bar.update(len(checked) + 1)
+    runs: dict[str | None, list[specdec.Generation]] = {}
+    seconds: dict[str | None, list[list[float]]] = {name: [[] for _ in prompts] for name in names}
     for round_number in range(1, args.repeats + 1):
         for name in names:
-            bar.set_description(f"round {round_number}/{args.repeats}: {name or 'plain'}")
-            results[name] = decode(target, prompts, drafters[name], args.k, args.new_tokens, compile)
-            times[name].append(results[name][1].wall_seconds)
-            bar.update(1)
+            forget(drafters[name])
+            runs[name] = []
+        for i, prompt in enumerate(prompts):
+            bar.set_description(f"round {round_number}/{args.repeats}: prompt {i + 1}/{len(prompts)}")
+            for name in names:
+                result = decode_one(target, prompt, drafters[name], evaluation, evaluation.seed + numbers[i], compile)
+                runs[name].append(result)
+                seconds[name][i].append(result.stats.wall_seconds)
+                bar.update(1)
     bar.close()
-    plain_tokens, _ = results[None]
-    plain_time = statistics.median(times[None])
     rows = []
     for name in names:
-        tokens, stats = results[name]
-        seconds = statistics.median(times[name])
-        rows.append(Row(name or "plain", stats, seconds, plain_time / seconds, tokens == plain_tokens))
+        results = runs[name]
+        loops = [loop_count(r.tokens, r.stats.accepted_per_step if name else [0] * r.stats.steps) for r in results]
+        rows.append(Row(name or "plain", total_stats([r.stats for r in results]),
+                        [r.stats.new_tokens for r in results], [r.stats.steps for r in results],
+                        [statistics.median(s) for s in seconds[name]], sum(c.loop_accepted for c in loops),
+                        greedy[name] == greedy[None] if checked else None))
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    """The rows as an aligned text table, one header line and a rule."""
-    cells = [HEADER] + [
-        (r.drafter, str(r.stats.new_tokens), str(r.stats.steps), f"{r.stats.mean_accepted_length:.2f}",
-         "-" if r.drafter == "plain" else f"{r.stats.acceptance_rate:.0%}",
-         f"{r.stats.new_tokens / r.seconds:.0f}", f"{r.speedup:.2f}x", "yes" if r.same_as_plain else "NO")
-        for r in rows
-    ]
+    """The rows as an aligned text table, one header line and a rule; ranks among the drafters."""
+    plain, drafted = rows[0], rows[1:]
+    accepted_rank = rank_labels(ranks({r.drafter: (r.new_tokens, r.steps) for r in drafted}))
+    speed_rank = rank_labels(ranks({r.drafter: (plain.seconds, r.seconds) for r in drafted}))
+    cells = [HEADER]
+    for r in rows:
+        speedup = ratio_interval(plain.seconds, r.seconds)
+        is_plain = r is plain
+        cells.append((r.drafter, r.accepted_length.format(), "-" if is_plain else accepted_rank[r.drafter],
+                      "-" if is_plain else f"{r.from_loops:.2f}", "-" if is_plain else f"{r.stats.acceptance_rate:.0%}",
+                      f"{r.stats.new_tokens / sum(r.seconds):.0f}",
+                      "1.00x" if is_plain else speedup.format(suffix="x"), "-" if is_plain else speed_rank[r.drafter],
+                      "-" if r.lossless is None else "yes" if r.lossless else "NO"))
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
     render = lambda line: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                     for i, (c, w) in enumerate(zip(line, widths)))
@@ -165,25 +200,31 @@ def draft_taxes(rows: list[Row], k: int) -> str:
     return "\n".join(lines)
 
 
-def losses(directory: Path) -> str:
-    """The held-out losses the build recorded, one line."""
+def losses(directory: Path, origin: str) -> str:
+    """The held-out losses of the family's figures, one line."""
     record = zoo.manifest(directory)
-    pieces = record["pieces"]
-    parts = [f"{name} {pieces[name]['heldout_loss']:.2f}" for name in ("target", "draft-model", "medusa", "eagle",
-                                                                        "eagle3", "mtp") if name in pieces]
-    return (f"{record['name']} zoo ({directory}), built in {record['build_seconds']:.0f} s; held-out loss "
-            f"(nats/token): {', '.join(parts)}")
+    figures = zoo.read_figures(directory) or {"losses": {}}
+    parts = [f"{name} {figures['losses'][name]['loss']:.2f}" for name in ("target", "draft-model", "medusa", "eagle",
+                                                                           "eagle3", "mtp") if name in figures["losses"]]
+    return f"{record['name']} zoo ({origin}: {directory}); held-out loss (nats/token): {', '.join(parts)}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the quick zoo (built in under a minute)")
+    parser.add_argument("--quick", action="store_true", help="the quick zoo (built here in under a minute)")
+    parser.add_argument("--built", action="store_true",
+                        help="the families built on this machine by `specdec zoo build` (default: the shipped ones)")
     parser.add_argument("--cache-dir", default=None, help="zoo cache directory (default: the user cache)")
-    parser.add_argument("--prompts", type=int, default=2, help="held-out prompts per category (default 2)")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens to generate per prompt")
-    parser.add_argument("--k", type=int, default=4, help="draft tokens per step (default 4)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds; the median counts (default 3)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="evaluation prompts per category (default: all of the family's, 20 for the full one)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens to generate per prompt (default: the "
+                        "family's evaluation, 128)")
+    parser.add_argument("--k", type=int, default=None, help="draft tokens per step (default: the family's, 4)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="sampling temperature, 0 for greedy (default: the family's, 0.5)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed rounds; each prompt's median counts (default 1)")
+    parser.add_argument("--check", type=int, default=3, help="prompts decoded greedily for the lossless check (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for decoding (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (building, decoding)")
     parser.add_argument("--eager", action="store_true", help="decode eagerly (default: the compiled engine)")
@@ -191,56 +232,78 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the zoo families shown: the main one (every drafter), the hybrid one (MTP on a "
                              "Qwen3.5-layout target), or both (default)")
     args = parser.parse_args(argv)
-    for field in ("prompts", "new_tokens", "k", "repeats", "threads"):
-        if getattr(args, field) < 1:
-            parser.error(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
+    for field in ("prompts", "new_tokens", "k", "repeats", "threads", "check"):
+        value = getattr(args, field)
+        if value is not None and value < (0 if field == "check" else 1):
+            parser.error(f"--{field.replace('_', '-')} must be >= {0 if field == 'check' else 1}, got {value}")
+    if args.temperature is not None and args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     began = time.perf_counter()
-    prompts = code_prompts(stdlib_corpus(), per_category=args.prompts)
     exact = True
     if args.family in ("both", "main"):
-        exact &= show_family(zoo.QUICK if args.quick else zoo.FULL, prompts, args, DRAFTERS, example=True)
+        exact &= show_family(zoo.QUICK if args.quick else zoo.FULL, args, DRAFTERS, example=True)
     if args.family in ("both", "hybrid"):
         settings = zoo.HYBRID_QUICK if args.quick else zoo.HYBRID
         size = settings.target
         print(f"\nThe Qwen3.5 case: a hybrid target of {size.layers} layers ({size.layers * 3 // 4} GatedDeltaNet "
               f"linear-attention, {size.layers // 4} full-attention) and one MTP module, drafting chains and trees.")
-        exact &= show_family(settings, prompts, args, HYBRID_DRAFTERS, example=False)
+        exact &= show_family(settings, args, HYBRID_DRAFTERS, example=False)
     print(f"\nTotal {time.perf_counter() - began:.0f} s.")
     return 0 if exact else 1
 
 
-def show_family(settings: zoo.ZooSettings, prompts: list[Any], args: argparse.Namespace, labels: tuple[str, ...],
-                example: bool) -> bool:
-    """Build (or load) one family, decode the prompts plainly and with each of `labels`, print its
-    table and draft taxes; whether every drafter reproduced plain decoding."""
-    directory = zoo.build(settings, root=args.cache_dir, show_progress=not args.no_progress)
+def evaluation_of(directory: Path, args: argparse.Namespace) -> tuple[Evaluation, list[int]]:
+    """The family's evaluation with the command line's changes, and each prompt's place in the
+    family's (prompt i samples with seed evaluation.seed + i, as in the family's figures)."""
+    evaluation = read_evaluation(directory)
+    prompts = evaluation.prompts
+    if args.prompts is not None:
+        prompts = first_per_category(prompts, args.prompts)
+    numbers = [evaluation.prompts.index(p) for p in prompts]
+    return replace(evaluation, prompts=prompts, new_tokens=args.new_tokens or evaluation.new_tokens,
+                   k=args.k or evaluation.k,
+                   temperature=evaluation.temperature if args.temperature is None else args.temperature), numbers
+
+
+def show_family(settings: zoo.ZooSettings, args: argparse.Namespace, labels: tuple[str, ...], example: bool) -> bool:
+    """Load (the shipped bytes) or build one family, decode its prompts plainly and with each of
+    `labels`, print its table and draft taxes; whether every drafter reproduced plain decoding."""
+    directory = zoo.ready(settings, root=args.cache_dir, show_progress=not args.no_progress, built=args.built)
+    origin = "built here" if args.built or settings.name not in zoo.shipped_names() else "shipped"
+    evaluation, numbers = evaluation_of(directory, args)
     tokenizer = load_tokenizer(directory / "target")
     target = specdec.CausalLM(load_causal_lm(directory / "target"))
-    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
-    print(losses(directory))
+    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts]
+    print(losses(directory, origin))
+    for name, reason in zoo.unavailable(directory).items():
+        print(f"{name} is left out: {reason}")
+    decoding = "greedy" if not evaluation.temperature else f"temperature {evaluation.temperature:g}, prompt i seeded i"
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
         if example:
-            first = decode(target, ids[:1], None, args.k, args.new_tokens, not args.eager)[0][0]
-            print(f"\nHeld-out prompt {prompts[0].source} and the target's greedy continuation:")
-            print(f"{prompts[0].text}\033[2m{tokenizer.decode(first)}\033[0m" if sys.stdout.isatty()
-                  else prompts[0].text + tokenizer.decode(first), flush=True)
-        rows = compare(target, ids, directory, args, labels)
+            first = decode_one(target, ids[0], None, evaluation, evaluation.seed + numbers[0], not args.eager).tokens
+            share = loop_count(first, [0] * len(first)).share
+            print(f"\nHeld-out prompt {evaluation.prompts[0].source} and the target's continuation ({decoding}; "
+                  f"{share:.0%} of it in loops):")
+            print(f"{evaluation.prompts[0].text}\033[2m{tokenizer.decode(first)}\033[0m" if sys.stdout.isatty()
+                  else evaluation.prompts[0].text + tokenizer.decode(first), flush=True)
+        rows = compare(target, ids, numbers, directory, evaluation, args, labels)
     finally:
         torch.set_num_threads(previous)
-    print(f"\n{len(prompts)} held-out prompts ({', '.join(sorted({p.category for p in prompts}))}), greedy, "
-          f"k = {args.k}, {args.new_tokens} new tokens each, {args.threads} thread(s), "
-          f"{'eager' if args.eager else 'compiled'}; median of {args.repeats}:")
+    categories = ", ".join(sorted({p.category for p in evaluation.prompts}))
+    print(f"\n{len(ids)} held-out prompts ({categories}), {decoding}, k = {evaluation.k}, {evaluation.new_tokens} new "
+          f"tokens each, {args.threads} thread(s), {'eager' if args.eager else 'compiled'}; per-prompt median of "
+          f"{args.repeats} round(s); lossless: the first {min(args.check, len(ids))} prompts decoded greedily:")
     print(table(rows))
     print()
-    print(draft_taxes(rows, args.k))
-    return all(r.same_as_plain for r in rows)
+    print(draft_taxes(rows, evaluation.k))
+    return all(r.lossless is not False for r in rows)
 
 
 if __name__ == "__main__":

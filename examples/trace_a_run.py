@@ -1,7 +1,7 @@
 """Watch speculative decoding step by step: decode a held-out prompt of the zoo with the EAGLE
 head, record a trace, print each step in the terminal and write the HTML page.
 
-    python examples/trace_a_run.py                  # the full zoo (built on first use)
+    python examples/trace_a_run.py                  # the full zoo (the shipped family)
     python examples/trace_a_run.py --temperature 0.8 --out trace.html
 """
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args(argv)
 
-    directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
+    directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
     tokenizer = load_tokenizer(directory / "target")
     target = specdec.CausalLM(load_causal_lm(directory / "target"))
     prompt = code_prompts(stdlib_corpus(), per_category=1, categories=("signature",))[0]

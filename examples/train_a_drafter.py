@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args(argv)
 
-    target = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir) / "target"
+    target = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir) / "target"
     data = args.data or [str(p) for p in stdlib_corpus().train[:40]]
     out = Path(args.out or tempfile.mkdtemp(prefix="specdec-")) / args.kind
     settings = TrainSettings(steps=Steps(steps=args.steps, batch=4, seq_len=128, lr=1e-3))

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     unescape = lambda text: text.encode().decode("unicode_escape")  # noqa: E731  ("\n" typed in a shell)
 
-    directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
+    directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
     tokenizer, model = load_tokenizer(directory / "target"), load_causal_lm(directory / "target")
     encode = lambda text: tokenizer(unescape(text), add_special_tokens=False)["input_ids"]  # noqa: E731
     result = probe(model, encode(args.prefix), encode(args.continuation))

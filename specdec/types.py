@@ -138,6 +138,8 @@ class Stats:
     drafted / accepted: draft tokens proposed / accepted by the verifier (a token accepted
         after an EOS in the same block counts as accepted, though it is not emitted).
     accepted_per_position[i] / drafted_per_position[i]: acceptance at draft position i.
+    accepted_per_step[s]: the draft tokens verify step s accepted (it emitted them and one more,
+        unless an EOS ended the block), so the emitted tokens can be laid against the steps.
     prefill_seconds: the prompt's forward and the drafter's prefill.
     draft_seconds: the drafter's propose and commit; verify_seconds: the target forwards after
         the prefill, verification and bookkeeping; wall_seconds: the whole call.
@@ -149,6 +151,7 @@ class Stats:
     accepted: int = 0
     accepted_per_position: tuple[int, ...] = ()
     drafted_per_position: tuple[int, ...] = ()
+    accepted_per_step: tuple[int, ...] = ()
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -170,7 +173,8 @@ class Stats:
 
 
 def total_stats(runs: Sequence[Stats]) -> Stats:
-    """The counters of several generations added up (per-position counts aligned from position 0)."""
+    """The counters of several generations added up (per-position counts aligned from position 0,
+    the per-step counts one run's after another's)."""
     width = max((len(r.drafted_per_position) for r in runs), default=0)
 
     def column(name: str) -> tuple[int, ...]:
@@ -180,6 +184,7 @@ def total_stats(runs: Sequence[Stats]) -> Stats:
         steps=sum(r.steps for r in runs), new_tokens=sum(r.new_tokens for r in runs),
         drafted=sum(r.drafted for r in runs), accepted=sum(r.accepted for r in runs),
         accepted_per_position=column("accepted_per_position"), drafted_per_position=column("drafted_per_position"),
+        accepted_per_step=tuple(a for r in runs for a in r.accepted_per_step),
         prefill_seconds=sum(r.prefill_seconds for r in runs), draft_seconds=sum(r.draft_seconds for r in runs),
         verify_seconds=sum(r.verify_seconds for r in runs), wall_seconds=sum(r.wall_seconds for r in runs))
 

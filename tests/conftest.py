@@ -120,11 +120,11 @@ def quick_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def play_zoo(quick_zoo: Path) -> Path:
     """The zoo `specdec play` serves in the tests: the quick one, or with SPECDEC_PLAY_ZOO=full the
-    default (full) zoo from the user's cache, as the screenshots in docs/learn.md are taken."""
+    default (full) zoo, the shipped one, as the screenshots in docs/learn.md are taken."""
     if os.environ.get("SPECDEC_PLAY_ZOO", "quick") == "full":
         from specdec import zoo
 
-        return zoo.build(zoo.FULL)
+        return zoo.ready(zoo.FULL)
     return quick_zoo
 
 

@@ -232,3 +232,34 @@ def test_bad_bench_arguments_are_one_line_errors(quick_zoo: Path, tmp_path: Path
     assert "positive int or auto" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main([*base, "--k", "zero"])
+
+
+def test_on_the_zoo_the_bench_decodes_its_evaluation_with_intervals_ranks_and_loops(quick_zoo: Path, tmp_path: Path,
+                                                                                    capsys):
+    """Without --prompts the bench takes the family's evaluation prompts at its temperature, the
+    same seeds per prompt: each chain's accepted length is the family's published figure, with
+    its interval over prompts, a rank the intervals support and its part from loops."""
+    figures = zoo.read_figures(quick_zoo)
+    code = cli.main(["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--drafter", "ngram", "--drafter",
+                     "eagle", "--drafter", "eagle3", "--prompts-per-category", "1", "--max-new-tokens",
+                     str(figures["evaluation"]["new_tokens"]), "--repeats", "1", "--warmup", "0", "--no-peers",
+                     "--engine", "eager", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["settings"]["sampling"]["temperature"] == figures["evaluation"]["temperature"] == 0.5
+    records = {r["contender"]: r for r in document["records"] if r["category"] == "all"}
+    for name in ("ngram", "eagle", "eagle3"):
+        record, published = records[name], figures["drafters"][name]
+        assert record["mean_accepted_length_interval"] == published["mean_accepted_length"]
+        assert record["per_prompt"]["new_tokens"] == [row[0] for row in published["prompts"]]
+        assert record["from_loops"] == pytest.approx(published["from_loops"])
+        low, high = record["speedup_interval"]["low"], record["speedup_interval"]["high"]
+        assert 0 < low <= record["speedup_interval"]["estimate"] <= high
+    from specdec.intervals import rank_labels, ranks
+
+    drafted = {name: (records[name]["per_prompt"]["new_tokens"], records[name]["per_prompt"]["steps"])
+               for name in ("ngram", "eagle", "eagle3")}
+    assert {name: records[name]["rank"] for name in drafted} == rank_labels(ranks(drafted))
+    assert records["plain"]["same_as_plain"] is None  # sampled: no token check
+    table = capsys.readouterr().out
+    assert "mean acc. len [95%]" in table and "question i seeded i" in table and "bootstrap interval" in table

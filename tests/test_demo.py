@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
-NEW_TOKENS = 16
 K = 4  # the k of tests/test_engine_zoo.py, which runs after this file in the same process and replays these graphs
 
 
@@ -46,11 +45,16 @@ def _table_rows(output: str) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = demo.main(["--quick", "--family", "main", "--cache-dir", str(quick_zoo.parent), "--prompts", "1", "--new-tokens",
-                          str(NEW_TOKENS), "--k", str(K), "--repeats", "1", "--no-progress"])
+    with contextlib.redirect_stdout(buffer):  # the family's own evaluation: 3 prompts, 24 new tokens, temperature 0.5
+        code = demo.main(["--quick", "--family", "main", "--cache-dir", str(quick_zoo.parent), "--k", str(K),
+                          "--repeats", "1", "--no-progress"])
     output = buffer.getvalue()
     return code, _table_rows(output), output
+
+
+def _interval(cell: str) -> tuple[float, float, float]:
+    estimate, low, high = cell.replace("[", "").replace("]", "").replace(",", "").replace("x", "").split()
+    return float(estimate), float(low), float(high)
 
 
 def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
@@ -58,31 +62,52 @@ def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
     assert code == 0, output
     chains = ["ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp"]
     assert [r["drafter"] for r in rows] == ["plain", *[label for name in chains for label in (name, f"{name}+tree")]]
-    assert all(int(r["new tokens"]) == 3 * NEW_TOKENS for r in rows)  # three prompts, one per category
+    assert "3 held-out prompts (block, class, signature), temperature 0.5" in output
 
 
 def test_every_drafter_reproduces_plain_greedy_decoding(quick_run):
     _, rows, _ = quick_run
-    assert {r["same as plain"] for r in rows} == {"yes"}
+    assert {r["lossless"] for r in rows} == {"yes"}
 
 
-def test_counters_are_consistent(quick_run):
+def test_figures_are_consistent_and_ranks_follow_the_intervals(quick_run):
     _, rows, _ = quick_run
     plain = rows[0]
-    assert int(plain["target forwards"]) == 3 * NEW_TOKENS  # one forward per token
-    assert (plain["acceptance"], plain["speedup"]) == ("-", "1.00x")
+    assert _interval(plain["mean acc. len [95%]"]) == (1.0, 1.0, 1.0)  # one forward per token
+    assert (plain["acceptance"], plain["speedup [95%]"], plain["acc. rank"]) == ("-", "1.00x", "-")
     for row in rows[1:]:
-        steps, new = int(row["target forwards"]), int(row["new tokens"])
-        assert new / (K + 1) <= steps <= new, row
-        assert row["mean acc. len"] == f"{new / steps:.2f}", row
+        estimate, low, high = _interval(row["mean acc. len [95%]"])
+        assert 1.0 <= low <= estimate <= high <= K + 1, row
+        assert 0 <= float(row["from loops"]) <= estimate - 1 + 1e-9, row
         assert 0 <= int(row["acceptance"].rstrip("%")) <= 100, row
-        assert float(row["tokens/s"]) > 0 and float(row["speedup"].rstrip("x")) > 0, row
+        speedup = _interval(row["speedup [95%]"])
+        assert 0 < speedup[1] <= speedup[0] <= speedup[2], row
+    ranked = {row["drafter"]: int(row["acc. rank"].lstrip("=")) for row in rows[1:]}
+    estimates = {row["drafter"]: _interval(row["mean acc. len [95%]"])[0] for row in rows[1:]}
+    for a in ranked:  # a rank never puts a drafter below one whose estimate is lower
+        for b in ranked:
+            if ranked[a] < ranked[b]:
+                assert estimates[a] > estimates[b], (a, b)
+
+
+def test_the_demo_prints_the_family_figures(quick_run, quick_zoo: Path):
+    """Decoding the family's own evaluation, every chain's accepted length is the one the build
+    measured (eagerly, at build time) and `specdec zoo info` and the docs publish."""
+    from specdec import zoo
+
+    _, rows, _ = quick_run
+    figures = zoo.read_figures(quick_zoo)["drafters"]
+    for row in rows[1:]:
+        if "+" not in row["drafter"]:
+            published = figures[row["drafter"]]["mean_accepted_length"]
+            assert row["mean acc. len [95%]"] == (f"{published['estimate']:.2f} [{published['low']:.2f}, "
+                                                 f"{published['high']:.2f}]"), row
 
 
 def test_output_names_the_zoo_and_shows_a_held_out_prompt(quick_run, quick_zoo: Path):
     _, _, output = quick_run
     assert str(quick_zoo) in output and "held-out loss" in output
-    assert "Held-out prompt" in output
+    assert "Held-out prompt" in output and "in loops" in output
 
 
 def test_a_draft_tax_line_per_drafter(quick_run):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.data.corpus import stdlib_corpus
 from specdec.data.datastore import open_datastore
 from specdec.data.prompts import code_prompts
+from specdec.zoo.measure import read_evaluation
 from specdec.drafters.eagle import load_eagle
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.medusa import load_medusa
@@ -45,10 +47,18 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
     pieces = record["pieces"]
     assert set(pieces) == {"tokenizer", "target", *LEARNED, *TRAINING_FREE}
     assert set(zoo.drafter_options(quick_zoo)) == {*LEARNED, *TRAINING_FREE}
+    figures = zoo.read_figures(quick_zoo)
     for name in ("target", *LEARNED):
-        assert pieces[name]["parameters"] > 0 and 0 < pieces[name]["heldout_loss"] < 10, name
+        assert pieces[name]["parameters"] > 0 and 0 < figures["losses"][name]["loss"] < 10, name
+    assert figures["evaluation"] == {"prompts": 3, "windows": [8, 128], "k": 4, "new_tokens": 24,
+                                     "temperature": 0.5, "seed": 0}
     for name in (*LEARNED, *TRAINING_FREE):
-        assert 1.0 <= pieces[name]["mean_accepted_length"] <= 5.0, name
+        accepted = figures["drafters"][name]
+        interval = accepted["mean_accepted_length"]
+        assert 1.0 <= interval["low"] <= interval["estimate"] <= interval["high"] <= 5.0, name
+        rows = accepted["prompts"]  # per prompt: tokens, forwards, drafted, accepted, loop-accepted, loop tokens
+        assert len(rows) == 3 and interval["estimate"] == pytest.approx(sum(r[0] for r in rows) / sum(r[1] for r in rows))
+        assert all(r[0] == 24 and r[3] + r[1] >= r[0] >= r[1] and 0 <= r[4] <= r[3] for r in rows), name
     assert record["target_forward_seconds"] > 0 and record["costs"]["k"] == 4
     for name in (*LEARNED, *TRAINING_FREE):  # every drafter's draft tax, per drafter forward where it has one
         cost = pieces[name]["draft_cost"]
@@ -60,7 +70,9 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
             assert cost["model_steps"] == (1 if name == "medusa" else 4), name
             assert cost["step_ratio"] == pytest.approx(cost["draft_tax"] / cost["model_steps"]), name
     open_datastore(quick_zoo / "datastore").check_vocab(512)
-    assert pieces["target"]["heldout_loss"] < pieces["draft-model"]["heldout_loss"]
+    assert figures["losses"]["target"]["loss"] < figures["losses"]["draft-model"]["loss"]
+    assert [p.text for p in read_evaluation(quick_zoo).prompts] == [p.text for p in code_prompts(stdlib_corpus(),
+                                                                                                 per_category=1)]
     assert record["corpus"]["heldout_files"] >= 0.05 * (record["corpus"]["train_files"] + record["corpus"]["heldout_files"])
     assert not list(quick_zoo.parent.glob(".*.partial"))
 
@@ -110,8 +122,11 @@ def test_each_piece_reloads_through_its_drafter_and_keeps_greedy_parity(quick_zo
                 assert result.stats.drafted > 0, (name, mode)
 
 
-def test_two_builds_with_the_same_settings_give_identical_files(quick_zoo: Path, tmp_path: Path):
-    again = zoo.build(zoo.QUICK, root=tmp_path, show_progress=False, log=lambda line: None)
+def test_two_builds_with_the_same_settings_give_identical_files(quick_zoo: Path, tmp_path: Path, monkeypatch):
+    said: list[str] = []
+    monkeypatch.setattr(sys.modules["specdec.zoo.build"], "ships", lambda name: True)  # a shipped family's rebuild
+    again = zoo.build(zoo.QUICK, root=tmp_path, show_progress=False, log=said.append)
+    assert any("this build's figures may differ from the shipped family's" in line for line in said)
     files = sorted(p.relative_to(quick_zoo) for p in quick_zoo.rglob("*") if p.is_file() and p.name != "manifest.json")
     assert files == sorted(p.relative_to(again) for p in again.rglob("*")
                            if p.is_file() and p.name != "manifest.json")
@@ -185,14 +200,14 @@ def test_zoo_info_and_path_commands(quick_zoo: Path, capsys: pytest.CaptureFixtu
     assert capsys.readouterr().out.strip() == str(quick_zoo)
     assert cli.main(["zoo", "info", "--cache-dir", root]) == 0
     out = capsys.readouterr().out
-    assert f"quick zoo ({zoo.QUICK.key()}): {quick_zoo}" in out
+    assert f"quick zoo ({zoo.QUICK.key()}, built here): {quick_zoo}" in out
     for piece in ("target", *LEARNED):
         assert any(line.split()[:1] == [piece] for line in out.splitlines()), piece
     assert cli.main(["zoo", "path", "eagle", "--quick", "--cache-dir", root]) == 0
     assert capsys.readouterr().out.strip() == str(quick_zoo / "eagle")
     assert cli.main(["zoo", "path", "mtp", "--quick", "--cache-dir", root]) == 0
     assert capsys.readouterr().out.strip() == str(quick_zoo / "target")
-    assert cli.main(["zoo", "path", "target", "--cache-dir", root]) == 2  # the full family is not built here
+    assert cli.main(["zoo", "path", "target", "--built", "--cache-dir", root]) == 2  # no full family built here
     assert "not built" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """The benchmarks: every drafter and transformers' own decoding side by side on one target
 (Spec-Bench protocol), the batch curve, the synthetic-target bench, and their reports and plots;
-it may import `specdec.types`, `specdec.protocols`, `specdec.plugins`, `specdec.checkpoints`,
+it may import `specdec.types`, `specdec.intervals`, `specdec.protocols`, `specdec.plugins`, `specdec.checkpoints`,
 `specdec.errors`, `specdec.versions`, `specdec.data`, `specdec.decoding`, `specdec.runtime`,
 `specdec.distributed`, `specdec.drafters`, `specdec.training` and `specdec.zoo` (its drafters)."""

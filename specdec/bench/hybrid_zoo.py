@@ -144,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.bench.batch_curve import BatchCurveConfig, curve_table, run_curve
     from specdec.bench.runner import Contender
     from specdec.checkpoints import load_causal_lm, load_tokenizer
-    from specdec.data.corpus import stdlib_corpus
-    from specdec.data.prompts import code_prompts
     from specdec.runtime.target import CausalLM
+    from specdec.data.prompts import first_per_category
+    from specdec.zoo.measure import read_evaluation
 
-    directory = zoo.build(zoo.HYBRID_QUICK if args.quick else zoo.HYBRID, root=args.cache_dir)
+    directory = zoo.ready(zoo.HYBRID_QUICK if args.quick else zoo.HYBRID, root=args.cache_dir)
     tokenizer = load_tokenizer(directory / "target")
     model = load_causal_lm(directory / "target")
-    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
-               for p in code_prompts(stdlib_corpus(), per_category=args.prompts)]
+    chosen = first_per_category(read_evaluation(directory).prompts, args.prompts)  # the same on every machine
+    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in chosen]
     text = model.config.get_text_config()
     print(f"hybrid zoo target {directory}: {text.num_hidden_layers} layers ({text.layer_types.count('linear_attention')} "
           f"GatedDeltaNet), hidden {text.hidden_size}; {len(prompts)} prompts, {args.new_tokens} new tokens, k = {K}, "

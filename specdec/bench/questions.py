@@ -20,11 +20,14 @@ __all__ = ["Question", "from_prompts", "load_questions", "turn_prompt"]
 
 @dataclass(frozen=True)
 class Question:
-    """One benchmark question: an id, a category and one or more turns."""
+    """One benchmark question: an id, a category and one or more turns; `number`, when given,
+    its place in a larger set, which seeds its sampling (a zoo family's evaluation prompt decodes
+    with the same seed in the bench as in the family's figures)."""
 
     id: str
     category: str
     turns: tuple[str, ...]
+    number: int | None = None
 
 
 def load_questions(path: str | Path) -> tuple[Question, ...]:
@@ -58,9 +61,11 @@ def load_questions(path: str | Path) -> tuple[Question, ...]:
     return tuple(questions)
 
 
-def from_prompts(prompts: tuple[Prompt, ...]) -> tuple[Question, ...]:
-    """Single-turn questions from code-completion prompts, their category kept."""
-    return tuple(Question(p.id, p.category, (p.text,)) for p in prompts)
+def from_prompts(prompts: tuple[Prompt, ...], numbers: tuple[int, ...] | None = None) -> tuple[Question, ...]:
+    """Single-turn questions from code-completion prompts, their category kept (and their
+    `numbers` in a larger set, when given)."""
+    places = numbers if numbers is not None else (None,) * len(prompts)
+    return tuple(Question(p.id, p.category, (p.text,), n) for p, n in zip(prompts, places))
 
 
 def turn_prompt(turns: tuple[str, ...], answers: list[str], index: int, separator: str = "\n\n") -> str:

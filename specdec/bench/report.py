@@ -1,7 +1,11 @@
 """From runs to figures: one record per contender × category (and "all"), each measure as its
 median over the rounds with a robust spread (the interquartile range over the median, `spread`)
 and every round's value; a record is `noisy` when a timed figure (NOISE_MEASURES) spreads more
-than a stated bound. The terminal table, the CSV and the JSON document built from those records."""
+than a stated bound. Beside the rounds, the prompts: the mean accepted length and the speedup
+with a 95% bootstrap interval over prompts, the ranks those intervals support among the
+drafters (`specdec.intervals`), and the part of the accepted length that came from degenerate
+loops (`specdec.data.loops`). The terminal table, the CSV and the JSON document built from those
+records."""
 
 from __future__ import annotations
 
@@ -13,12 +17,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from specdec.bench.runner import Contender, Run
+from specdec.data.loops import loop_count
+from specdec.intervals import Interval, rank_labels, ranks, ratio_interval
 from specdec.types import Stats, total_stats
 
 __all__ = ["MEASURES", "NOISE_BOUND", "NOISE_MEASURES", "SCHEMA", "csv_text", "ideal_speedup", "noisy_contenders",
            "over_rounds", "quartiles", "summarize", "table", "tree_sizes"]
 
-SCHEMA = "specdec-bench/3"
+SCHEMA = "specdec-bench/4"
 MEASURES = ("mean_accepted_length", "acceptance_rate", "tokens_per_second", "speedup", "speedup_over_eager",
             "ideal_speedup", "ideal_ratio", "draft_share", "verify_share", "draft_size", "verify_ms")
 NOISE_BOUND = 0.10  # a row is noisy when a NOISE_MEASURES figure's spread (IQR / median over rounds) exceeds this
@@ -113,7 +119,8 @@ def tree_sizes(runs: Sequence[Run], contenders: Sequence[Contender]) -> list[int
 
 def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[str, dict[int, float]] | None,
               greedy: bool, tree_costs: dict[str, dict[int, float]] | None = None,
-              compiled: dict[str, float] | None = None, noise_bound: float = NOISE_BOUND) -> list[dict[str, Any]]:
+              compiled: dict[str, float] | None = None, noise_bound: float = NOISE_BOUND,
+              over_prompts_too: bool = True) -> list[dict[str, Any]]:
     """Records per contender and category ("all" last), in contender order.
 
     Each measure is computed per round (the rounds the contender ran in: a noisy one may have run
@@ -165,15 +172,69 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
             record["mean_draft_length"] = statistics.fmean(lengths) if lengths else None
             record["same_as_plain"] = (all(r.tokens == plain_tokens[(r.question, r.turn, r.repeat)] for r in chosen)
                                        if greedy else None)
+            if over_prompts_too:
+                baseline_runs = [r for r in runs if r.contender == contender.baseline and category in ("all", r.category)]
+                record.update(over_prompts(chosen, baseline_runs, contender))
             records.append(record)
+    if over_prompts_too:
+        _rank(records)
     return records
+
+
+def over_prompts(chosen: Sequence[Run], baseline: Sequence[Run], contender: Contender) -> dict[str, Any]:
+    """The record's figures over prompts (each question turn one prompt): per prompt the tokens
+    emitted, target forwards and median seconds over the rounds (`per_prompt`), the mean accepted
+    length and the speedup over the baseline with their 95% bootstrap intervals, and the part of
+    the accepted length made of loop tokens (`from_loops`, accepted loop tokens per forward, and
+    `loop_share`, of the accepted tokens)."""
+    units = list(dict.fromkeys((r.question, r.turn) for r in chosen))  # the order the prompts were decoded in
+    new = [sum(r.stats.new_tokens for r in chosen if (r.question, r.turn) == u) for u in units]
+    steps = [sum(r.stats.steps for r in chosen if (r.question, r.turn) == u) for u in units]
+    seconds = [statistics.median(r.stats.wall_seconds for r in chosen if (r.question, r.turn) == u) for u in units]
+    plain = [statistics.median([r.stats.wall_seconds for r in baseline if (r.question, r.turn) == u] or [math.nan])
+             for u in units]
+    out: dict[str, Any] = {"per_prompt": {"prompts": [f"{q}#{t}" for q, t in units], "new_tokens": new,
+                                          "steps": steps, "seconds": seconds, "baseline_seconds": plain},
+                           "mean_accepted_length_interval": ratio_interval(new, steps).as_dict() if sum(steps) else None,
+                           "speedup_interval": (ratio_interval(plain, seconds).as_dict()
+                                                if sum(seconds) > 0 and not any(math.isnan(x) for x in plain) else None),
+                           "from_loops": None, "loop_share": None}
+    if contender.drafter is not None and all(len(r.stats.accepted_per_step) == r.stats.steps for r in chosen):
+        counts = [loop_count(r.tokens, r.stats.accepted_per_step) for r in chosen]  # accepted tokens on the output
+        accepted, looped = sum(c.accepted for c in counts), sum(c.loop_accepted for c in counts)
+        total_steps = sum(r.stats.steps for r in chosen)
+        out["from_loops"] = looped / total_steps if total_steps else 0.0
+        out["loop_share"] = looped / accepted if accepted else 0.0
+    return out
+
+
+def _rank(records: list[dict[str, Any]]) -> None:
+    """Each specdec drafter row's `rank` by mean accepted length and `speed_rank` by speedup among
+    the drafter rows of its category and engine, as `specdec.intervals.ranks` gives them: rows the
+    paired bootstrap over prompts cannot order share a rank (`=2`)."""
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for record in records:
+        record["rank"] = record["speed_rank"] = None
+        if record["drafter"] is not None:
+            groups.setdefault((record["category"], record["engine"]), []).append(record)
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        by_length = rank_labels(ranks({r["contender"]: (r["per_prompt"]["new_tokens"], r["per_prompt"]["steps"])
+                                       for r in rows}))
+        times = {r["contender"]: (r["per_prompt"]["baseline_seconds"], r["per_prompt"]["seconds"]) for r in rows
+                 if not any(math.isnan(x) for x in r["per_prompt"]["baseline_seconds"])}
+        by_speed = rank_labels(ranks(times)) if len(times) == len(rows) else {}
+        for r in rows:
+            r["rank"], r["speed_rank"] = by_length[r["contender"]], by_speed.get(r["contender"])
 
 
 def noisy_contenders(runs: Sequence[Run], contenders: Sequence[Contender], noise_bound: float = NOISE_BOUND
                      ) -> set[str]:
     """The labels of the contenders whose "all" record is noisy over the rounds run so far: the
     rows the runner gives another round."""
-    return {r["contender"] for r in summarize(runs, contenders, None, False, noise_bound=noise_bound)
+    return {r["contender"] for r in summarize(runs, contenders, None, False, noise_bound=noise_bound,
+                                              over_prompts_too=False)
             if r["category"] == "all" and r["noisy"]}
 
 
@@ -186,15 +247,23 @@ def _cell(value: dict[str, Any], digits: int, suffix: str = "", spread: bool = T
     return f"{text}±{value['spread']:.0%}" if spread and value["spread"] and value["spread"] >= 0.005 else text
 
 
-HEADER = ("contender", "k", "mean acc. len", "acceptance", "nodes", "verify ms", "tokens/s", "speedup", "ideal",
-          "of ideal", "drafting", "same as plain")
+HEADER = ("contender", "k", "mean acc. len [95%]", "rank", "from loops", "acceptance", "tokens/s", "speedup",
+          "[95%]", "speed rank", "ideal", "drafting", "same as plain")
+
+
+def _interval(value: dict[str, Any] | None) -> str:
+    """`[low, high]` of an interval record."""
+    return "-" if value is None else Interval.from_dict(value).bounds()
 
 
 def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
     """The records of one category as an aligned text table: medians over rounds, `±` the spread
-    (IQR / median). With compiled rows, two more columns: the speedup over eager plain decoding,
-    and the seconds spent compiling. Last, `noisy` ("yes" for a noisy row), and under the table a
-    footnote naming the noisy rows, their rounds and the bound they exceeded."""
+    (IQR / median), and over prompts the 95% intervals of the mean accepted length and the
+    speedup with the ranks they support (`=` a shared rank) and the accepted length's part from
+    loops. With compiled rows, two more columns: the speedup over eager plain decoding, and the
+    seconds spent compiling. Last, `noisy` ("yes" for a noisy row), and under the table a
+    footnote naming the noisy rows, their rounds and the bound they exceeded. The node count,
+    verify milliseconds and share of the ideal are in the JSON and CSV."""
     chosen = [r for r in records if r["category"] == category]
     compiled = any(r.get("engine") == "compiled" for r in chosen)
     header = HEADER + (("vs eager", "compile s") if compiled else ()) + ("noisy",)
@@ -202,11 +271,14 @@ def table(records: Sequence[dict[str, Any]], category: str = "all") -> str:
     for r in chosen:
         same = "-" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
         share = r["draft_share"]
-        row: tuple[str, ...] = (r["contender"], str(r["k"]) if r["k"] else "-", _cell(r["mean_accepted_length"], 2),
-               _cell(r["acceptance_rate"], 2, spread=False), _cell(r["draft_size"], 1, spread=False),
-               _cell(r["verify_ms"], 2, spread=False), _cell(r["tokens_per_second"], 0),
-               _cell(r["speedup"], 2, "x"), _cell(r["ideal_speedup"], 2, "x", spread=False),
-               _cell(r["ideal_ratio"], 2, spread=False),
+        length = _cell(r["mean_accepted_length"], 2, spread=False)
+        if r["mean_accepted_length_interval"] is not None and length != "-":
+            length += " " + _interval(r["mean_accepted_length_interval"])
+        row: tuple[str, ...] = (r["contender"], str(r["k"]) if r["k"] else "-", length, r["rank"] or "-",
+               "-" if r["from_loops"] is None else f"{r['from_loops']:.2f}",
+               _cell(r["acceptance_rate"], 2, spread=False), _cell(r["tokens_per_second"], 0),
+               _cell(r["speedup"], 2, "x"), "-" if r["drafter"] is None and r["peer"] is None
+               else _interval(r["speedup_interval"]), r["speed_rank"] or "-", _cell(r["ideal_speedup"], 2, "x", spread=False),
                "-" if share["median"] is None else f"{share['median']:.0%}", same)
         if compiled:
             row += (_cell(r["speedup_over_eager"], 2, "x"), f"{r['compile_seconds']:.1f}")
@@ -228,11 +300,17 @@ def csv_text(records: Sequence[dict[str, Any]]) -> str:
     keys = ["contender", "drafter", "peer", "k", "tree", "engine", "category", "runs", "rounds", "new_tokens",
             "compile_seconds"]
     columns = keys + [f"{m}_{part}" for m in MEASURES for part in ("median", "spread")]
+    columns += [f"{m}_interval_{end}" for m in ("mean_accepted_length", "speedup") for end in ("low", "high")]
+    columns += ["rank", "speed_rank", "from_loops", "loop_share"]
     columns += ["acceptance_per_position", "mean_draft_length", "same_as_plain", "noisy", "noise_bound"]
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for r in records:
-        row = {key: r[key] for key in (*keys, "mean_draft_length", "same_as_plain", "noisy", "noise_bound")}
+        row = {key: r[key] for key in (*keys, "mean_draft_length", "same_as_plain", "noisy", "noise_bound", "rank",
+                                       "speed_rank", "from_loops", "loop_share")}
+        for m in ("mean_accepted_length", "speedup"):
+            interval = r[f"{m}_interval"] or {}
+            row[f"{m}_interval_low"], row[f"{m}_interval_high"] = interval.get("low"), interval.get("high")
         for m in MEASURES:
             row[f"{m}_median"], row[f"{m}_spread"] = r[m]["median"], r[m]["spread"]
         row["acceptance_per_position"] = ";".join("" if v is None else f"{v:.4f}" for v in r["acceptance_per_position"])

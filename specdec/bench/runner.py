@@ -119,6 +119,8 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
     included); `advance` is called after each run (for a progress bar).
 
     `prompt_ids(turns, answers, index)` gives the ids of turn `index` after the earlier answers.
+    Question i's turn t samples with seed + i + 100003 t (i: its `number` when it has one) in
+    every round, so the rounds decode the same tokens and differ in time only.
     `noisy(runs)` names the contenders still too noisy for the rounds run (`repeat_rounds`);
     max_repeats: the most recorded rounds (None: exactly `repeats`).
     """
@@ -132,13 +134,14 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
         runs: list[Run] = []
         for drafter in drafters.values():  # memory across calls spans one round's questions, not rounds
             forget(drafter)
-        for question in questions:
+        for number, question in enumerate(questions):
             answers: list[str] = []
             for turn in range(len(question.turns)):
                 prompt = torch.tensor(prompt_ids(question.turns, answers, turn), dtype=torch.long)
                 plain_tokens: list[int] = []
                 for contender in chosen:
-                    run_seed = seed + 1000 * max(round_index, 0) + turn
+                    place = number if question.number is None else question.number
+                    run_seed = seed + place + 100_003 * turn  # the same draws every round: rounds differ in time only
                     compiling = compile_seconds()
                     if contender.peer is not None:
                         tokens, stats = hf_generate(model, prompt, contender.peer, int(contender.k), max_new_tokens,

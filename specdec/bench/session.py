@@ -46,7 +46,8 @@ class BenchConfig:
     seed: int = 0
     peers: bool = True
     prompts: Path | None = None  # a Spec-Bench question.jsonl; None: held-out code prompts
-    prompts_per_category: int = 2
+    prompts_per_category: int = 4
+    zoo: Path | None = None  # the zoo family benchmarked: its evaluation prompts are the held-out code prompts
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
     prompt_format: str = "auto"  # "chat-template", "raw", or auto: the template for Spec-Bench questions if any
 
@@ -156,13 +157,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                 advance_factory: Callable[[int], Callable[[], None]] = lambda total: (lambda: None)
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run the bench and write its files into `out`; returns (records, the JSON document)."""
-    from specdec.data.corpus import stdlib_corpus
-    from specdec.data.prompts import code_prompts
-
     used = used_prompt_format(config, tokenizer)  # fails before any run
-    questions: tuple[Question, ...] = (load_questions(config.prompts) if config.prompts is not None else
-                                       from_prompts(code_prompts(stdlib_corpus(),
-                                                                 per_category=config.prompts_per_category)))
+    questions = load_questions(config.prompts) if config.prompts is not None else _code_questions(config)
     contenders = contenders_for(config.drafters, config.ks, config.peers, config.engines)
     assistant = None
     for contender in contenders:
@@ -219,6 +215,23 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
         (out / "results.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
         (out / "results.csv").write_text(csv_text(records))
     return records, document
+
+
+def _code_questions(config: BenchConfig) -> tuple[Question, ...]:
+    """The first `prompts_per_category` held-out code prompts of each category: of the zoo
+    family's evaluation prompts (the same on every machine, each numbered, and so seeded, as in
+    the family's figures) when the bench runs on the zoo, else cut from this interpreter's
+    standard library."""
+    from specdec.data.corpus import stdlib_corpus
+    from specdec.data.prompts import code_prompts, first_per_category
+
+    if config.zoo is None:
+        return from_prompts(code_prompts(stdlib_corpus(), per_category=config.prompts_per_category))
+    from specdec.zoo.measure import read_evaluation
+
+    every = read_evaluation(config.zoo).prompts
+    chosen = first_per_category(every, config.prompts_per_category)
+    return from_prompts(chosen, tuple(every.index(p) for p in chosen))
 
 
 def default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:

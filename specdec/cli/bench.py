@@ -45,7 +45,6 @@ def _bench(args: argparse.Namespace) -> int:
     from specdec.types import Sampling
 
     try:
-        sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         for flag in ("max_new_tokens", "repeats"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -56,11 +55,22 @@ def _bench(args: argparse.Namespace) -> int:
             from specdec import zoo
 
             with rank_zero_first():  # under torchrun, one rank builds it
-                zoo_dir = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
+                zoo_dir = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
                                     show_progress=not args.no_progress)
         target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
+        temperature = args.temperature
+        if temperature is None:  # on its own prompts the zoo decodes at its family's temperature (greedily it loops)
+            from specdec.zoo.measure import read_evaluation
+
+            on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
+            temperature = read_evaluation(zoo_dir).temperature if on_zoo else 0.0  # type: ignore[arg-type]
+        sampling = Sampling(temperature=temperature, top_k=args.top_k, top_p=args.top_p)
         if args.drafter:
-            drafters = [parse_drafter_spec(spec) for spec in args.drafter]
+            from specdec.zoo import drafter_options
+
+            known = drafter_options(zoo_dir) if zoo_dir is not None else {}  # a zoo drafter finds its files
+            drafters = [(name, {**known.get(name, {}), **options})
+                        for name, options in (parse_drafter_spec(spec) for spec in args.drafter)]
             for _, options in drafters:
                 if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
                     raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
@@ -76,6 +86,7 @@ def _bench(args: argparse.Namespace) -> int:
                              max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
                              seed=args.seed, peers=not args.no_peers,
                              prompts=Path(args.prompts) if args.prompts else None,
+                             prompts_per_category=args.prompts_per_category, zoo=zoo_dir,
                              engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format)
         tokenizer, model = load_target(target, args)
         bars: list[Any] = []
@@ -100,9 +111,11 @@ def _bench(args: argparse.Namespace) -> int:
     settings = document["settings"]
     print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
           f"{config.max_new_tokens} new tokens, "
-          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, median±spread (IQR / "
-          f"median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading more than "
-          f"{config.noise_bound:.0%} ({document['rounds']} rounds run), target {target}")
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}, question i seeded i'}, "
+          f"median±spread (IQR / median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading "
+          f"more than {config.noise_bound:.0%} ({document['rounds']} rounds run); [95%]: bootstrap interval over "
+          f"prompts, rank: by it among the drafters (= where the intervals cannot order them); from loops: the part of "
+          f"the accepted length that was loop tokens; target {target}")
     categories = sorted({r["category"] for r in records} - {"all"})
     print(table(records))
     if len(categories) > 1:
@@ -207,7 +220,12 @@ def add_bench_command(commands: Any) -> None:
                             "--prompts when the tokenizer has one, else raw")
     bench.add_argument("--k", type=parse_k, nargs="+", default=[4], metavar="K", help="draft lengths or auto "
                        "(default 4)")
-    bench.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    bench.add_argument("--temperature", type=float, default=None,
+                       help="0 = greedy; default: on the zoo's own prompts its family's evaluation temperature (0.5, "
+                            "since the zoo's small target decoded greedily falls into loops), else greedy")
+    bench.add_argument("--prompts-per-category", type=int, default=4, metavar="N",
+                       help="without --prompts: the first N held-out code prompts of each category (default 4; the "
+                            "zoo's evaluation holds 20)")
     bench.add_argument("--top-k", type=int, default=0)
     bench.add_argument("--top-p", type=float, default=1.0)
     bench.add_argument("--max-new-tokens", type=int, default=128)

@@ -3,7 +3,7 @@
     specdec drafters
     specdec generate --target DIR|ORG/NAME [--drafter NAME[:key=value,...]] [--k 4] [--chat] "prompt"
     specdec generate --target DIR --drafter eagle:path=HEAD --prompts FILE   # a batch: one prompt per line
-    specdec zoo {build,info,path}            (specdec.cli.zoo)
+    specdec zoo {build,info,path,ship,figures} (specdec.cli.zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli.train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli.bench)
     specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli.verify)

@@ -110,7 +110,7 @@ def _playground(args: argparse.Namespace) -> Any:
     if args.target is None:
         from specdec import zoo
 
-        directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
+        directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
         target: Path | str = directory / "target"
         zoo_options = zoo.drafter_options(directory)
         known = {**zoo_options, **known} if not args.drafter else {n: {**zoo_options.get(n, {}), **o}

@@ -55,7 +55,7 @@ def _trace(args: argparse.Namespace) -> int:
         sampling = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         directory = None
         if args.target is None:
-            directory = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
+            directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
         target = Path(args.target) if args.target else directory / "target"  # type: ignore[operator]
         name, options = parse_drafter_spec(args.drafter)
         if directory is not None and not options:

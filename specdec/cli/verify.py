@@ -21,7 +21,7 @@ def _verify(args: argparse.Namespace) -> int:
         if args.target is None:
             from specdec import zoo
 
-            target = zoo.build(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir) / "target"
+            target = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir) / "target"
         else:
             target = Path(args.target)
         tokenizer, model = load_target(target, args)

@@ -1,5 +1,5 @@
-"""`specdec zoo build | info | path`: build the embedded model family, show what is cached, and
-print a piece's checkpoint directory for other commands to use."""
+"""`specdec zoo build | info | path | ship | figures`: train a model family here, show the shipped and the built
+families with their figures, and print a piece's checkpoint directory for other commands to use."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.cli.common import CLIError
+from specdec.intervals import Interval
 from specdec.errors import one_line
 
 __all__ = ["add_zoo_commands", "format_info"]
@@ -25,8 +26,9 @@ def _family(args: argparse.Namespace) -> Any:
 def _build(args: argparse.Namespace) -> int:
     from specdec import zoo
 
+    settings = _family(args)
     try:
-        directory = zoo.build(_family(args), root=args.cache_dir, show_progress=not args.no_progress)
+        directory = zoo.build(settings, root=args.cache_dir, show_progress=not args.no_progress)
     except (OSError, ArithmeticError) as error:
         raise CLIError(f"zoo build failed: {one_line(error)}") from None
     print(directory)
@@ -37,8 +39,8 @@ def _path(args: argparse.Namespace) -> int:
     from specdec import zoo
 
     try:
-        print(zoo.piece_dir(_family(args), args.piece, root=args.cache_dir))
-    except (ValueError, FileNotFoundError) as error:
+        print(zoo.piece_dir(_family(args), args.piece, root=args.cache_dir, built=args.built))
+    except (ValueError, OSError) as error:
         raise CLIError(one_line(error)) from None
     return 0
 
@@ -47,10 +49,11 @@ def _number(value: Any, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def format_info(record: dict[str, Any], directory: Path) -> str:
-    """A family's manifest as text: where it is, how it was built, and a row per piece."""
+def format_info(record: dict[str, Any], directory: Path, figures: dict[str, Any] | None = None,
+                origin: str = "built here") -> str:
+    """A family's manifest and figures as text: where it is, how it was built, and a row per piece."""
     corpus = record["corpus"]
-    lines = [f"{record['name']} zoo ({record['key']}): {directory}",
+    lines = [f"{record['name']} zoo ({record['key']}, {origin}): {directory}",
              f"  built in {record['build_seconds']:.0f} s on {record['threads']} threads; trained on "
              f"{corpus['train_tokens']:,} tokens of {corpus['train_files']} files, held out "
              f"{corpus['heldout_files']} files ({corpus['heldout_tokens']:,} tokens)"]
@@ -58,21 +61,34 @@ def format_info(record: dict[str, Any], directory: Path) -> str:
     if t1 is not None:
         costs = record.get("costs", {})
         engine = "compiled" if costs.get("compiled") else "eager"
-        lines.append(f"  one target forward T(1) = {t1 * 1e3:.3f} ms ({engine} engine); draft costs of greedy "
-                     f"chains of k = {costs.get('k', 4)}")
-    header = ("piece", "parameters", "size MB", "held-out loss", "agreement", "mean acc. len (k=4)", "step ms",
-              "step / T(1)", "draft tax")
+        lines.append(f"  one target forward T(1) = {t1 * 1e3:.3f} ms ({engine} engine, at build time); draft "
+                     f"costs of greedy chains of k = {costs.get('k', 4)}")
+    losses = (figures or {}).get("losses", {})
+    acceptance = (figures or {}).get("drafters", {})
+    if figures is not None:
+        setting = figures["evaluation"]
+        decoding = "greedy" if not setting["temperature"] else f"temperature {setting['temperature']}, seeded"
+        text = figures["text"]
+        lines.append(f"  mean accepted length: {setting['prompts']} held-out prompts, {decoding}, k = {setting['k']}, "
+                     f"{setting['new_tokens']} new tokens, 95% bootstrap interval over prompts; rank: = where the "
+                     f"intervals cannot order; from loops: the part of it from degenerate loops (plain decoding's "
+                     f"text: {text['loop_share']:.0%} loop tokens, {text['degenerate']} of {text['prompts']} outputs "
+                     "mostly loop)")
+    header = ("piece", "parameters", "size MB", "held-out loss", "agreement", "mean acc. len [95%]", "rank",
+              "from loops", "step / T(1)", "draft tax")
     rows = [header]
     for name, piece in record["pieces"].items():
         size = piece.get("bytes")
-        agreement = (piece.get("heldout") or {}).get("agreement")
+        loss = losses.get(name, {})
+        accepted = acceptance.get(name)
+        interval = accepted["mean_accepted_length"] if accepted else None
         cost = piece.get("draft_cost") or {}
-        step = cost.get("step_seconds")
         rows.append((name, f"{piece['parameters']:,}" if "parameters" in piece else "-",
-                     "-" if size is None else f"{size / 1e6:.1f}", _number(piece.get("heldout_loss"), 3),
-                     _number(agreement, 3), _number(piece.get("mean_accepted_length"), 2),
-                     "-" if step is None else f"{step * 1e3:.3f}", _number(cost.get("step_ratio"), 3),
-                     _number(cost.get("draft_tax"), 2)))
+                     "-" if size is None else f"{size / 1e6:.1f}", _number(loss.get("loss"), 3),
+                     _number(loss.get("agreement"), 3),
+                     "-" if interval is None else Interval.from_dict(interval).format(),
+                     accepted["rank"] if accepted else "-", _number(accepted and accepted["from_loops"], 2),
+                     _number(cost.get("step_ratio"), 3), _number(cost.get("draft_tax"), 2)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for i, row in enumerate(rows):
         lines.append("  " + "  ".join(cell.ljust(w) if j == 0 else cell.rjust(w) for j, (cell, w)
@@ -84,20 +100,61 @@ def format_info(record: dict[str, Any], directory: Path) -> str:
 
 def _info(args: argparse.Namespace) -> int:
     from specdec import zoo
+    from specdec.zoo.shipped import SHIPPED
 
+    shown = []
+    for name in zoo.shipped_names():  # read where they ship: nothing is unpacked to list them
+        shown.append((SHIPPED / name, "shipped with specdec"))
     root = zoo.cache_root(args.cache_dir)
-    found = sorted(p for p in root.glob("*/manifest.json") if not p.parent.name.startswith(".")) \
-        if root.is_dir() else []
-    if not found:
-        print(f"no zoo built under {root}; run `specdec zoo build` (or `--quick`, `--hybrid`)")
-        return 0
-    for i, file in enumerate(found):
+    found = sorted(p.parent for p in root.glob("*/manifest.json")
+                   if not p.parent.name.startswith(".") and "-shipped-" not in p.parent.name) if root.is_dir() else []
+    shown += [(directory, "built here") for directory in found]
+    for i, (directory, origin) in enumerate(shown):
         try:
-            record = json.loads(file.read_text())
-            text = format_info(record, file.parent)
+            record = json.loads((directory / "manifest.json").read_text())
+            text = format_info(record, directory, zoo.read_figures(directory), origin)
         except (OSError, ValueError, KeyError, TypeError) as error:
-            text = f"{file.parent}: unreadable manifest ({one_line(error)})"
+            text = f"{directory}: unreadable manifest ({one_line(error)})"
         print(("\n" if i else "") + text)
+    if not found:
+        print(f"\nno family built under {root}; `specdec zoo build` trains one here (or `--quick`, `--hybrid`)")
+    return 0
+
+
+def _ship(args: argparse.Namespace) -> int:
+    """Store the family built here as the shipped one (maintainers: `docs/zoo.md`, *Shipping*)."""
+    from specdec import zoo
+    from specdec.zoo.shipped import SHIPPED, ship
+
+    settings = _family(args)
+    if settings.name not in ("full", "hybrid"):
+        raise CLIError(f"the {settings.name} family does not ship (the full and hybrid ones do); drop --quick")
+    built = zoo.family_dir(settings, args.cache_dir)
+    if not zoo.finished(settings, args.cache_dir):
+        raise CLIError(f"the {settings.name} family is not built under {zoo.cache_root(args.cache_dir)}; run "
+                       f"`specdec zoo build{' --hybrid' if args.hybrid else ''}` first")
+    try:
+        ship(built, SHIPPED / settings.name)
+    except (OSError, ValueError) as error:
+        raise CLIError(f"zoo ship failed: {one_line(error)}") from None
+    print(SHIPPED / settings.name)
+    return 0
+
+
+def _figures(args: argparse.Namespace) -> int:
+    """`make docs-figures`: measure the shipped families and rewrite the docs' generated blocks."""
+    from specdec.zoo.publish import publish, stale_blocks
+
+    try:
+        if args.check:
+            stale = stale_blocks()
+            for block in stale:
+                print(f"stale: {block}")
+            return 1 if stale else 0
+        changed = publish(families=tuple(args.family) if args.family else None)
+    except (OSError, ValueError, KeyError) as error:
+        raise CLIError(f"zoo figures failed: {one_line(error)}") from None
+    print("rewrote " + ", ".join(changed) if changed else "the docs' figures were already current")
     return 0
 
 
@@ -116,11 +173,23 @@ def add_zoo_commands(commands: Any) -> None:
                         help="the Qwen3.5-layout family: a hybrid target (GatedDeltaNet linear attention beside full "
                              "attention, 3 : 1) with its MTP module, draft-model, eagle3, ngram and suffix")
     build = actions.add_parser("build", parents=[cache, family],
-                               help="train the family (reused when the cache already holds it)")
+                               help="train the family here, from scratch (reused when the cache already holds it)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     build.set_defaults(run=_build)
-    info = actions.add_parser("info", parents=[cache], help="list the built families and their pieces")
+    info = actions.add_parser("info", parents=[cache], help="the shipped and the built families, their pieces and figures")
     info.set_defaults(run=_info)
     path = actions.add_parser("path", parents=[cache, family], help="print a piece's checkpoint directory")
+    path.add_argument("--built", action="store_true",
+                      help="the family built here by `specdec zoo build`, not the shipped one")
     path.add_argument("piece", choices=list(PIECES), metavar="NAME", help=", ".join(PIECES))
     path.set_defaults(run=_path)
+    ship = actions.add_parser("ship", parents=[cache, family],
+                              help="(maintainers) store the family built here as the shipped one, in specdec/zoo/shipped")
+    ship.set_defaults(run=_ship)
+    figures = actions.add_parser("figures", help="(maintainers, `make docs-figures`) measure the shipped families and "
+                                                 "rewrite the docs' generated figures")
+    figures.add_argument("--family", action="append", metavar="NAME",
+                         help="measure only this shipped family (repeatable; the docs are rendered from every one's)")
+    figures.add_argument("--check", action="store_true",
+                         help="only list the generated blocks that differ from the committed figures")
+    figures.set_defaults(run=_figures)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specdec.data.corpus import Corpus, read_text
 
-__all__ = ["CATEGORIES", "Prompt", "code_prompts"]
+__all__ = ["CATEGORIES", "Prompt", "code_prompts", "first_per_category"]
 
 CATEGORIES = ("signature", "class", "block")
 
@@ -113,3 +113,14 @@ def _file_candidates(path: Path, min_chars: int, max_chars: int) -> dict[str, li
     for options in found.values():
         options.sort()
     return found
+
+
+def first_per_category(prompts: Iterable[Prompt], count: int) -> tuple[Prompt, ...]:
+    """The first `count` prompts of each category, in their order."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for prompt in prompts:
+        seen[prompt.category] = seen.get(prompt.category, 0) + 1
+        if seen[prompt.category] <= count:
+            chosen.append(prompt)
+    return tuple(chosen)

@@ -6,9 +6,10 @@
 3. the family's learned drafters (a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, or
    those of them its settings name), distilled together from the frozen target, and a retrieval
    datastore (a suffix array) of the training text;
-4. held-out losses of every piece, each drafter's acceptance decoding held-out code prompts, with
-   every piece reloaded from the files just written, through its drafter, and each drafter's
-   draft tax: one draft step's cost against one target forward (`specdec.zoo.costs`).
+4. the evaluation (held-out prompts and loss windows, `evaluation/`), every figure measured on it
+   from the files just written (`specdec.zoo.measure`: losses, accepted lengths with intervals,
+   loop shares, into `figures.json`), and each drafter's draft tax: one draft step's cost against
+   one target forward (`specdec.zoo.costs`).
 
 Each step is a call into `specdec.training`, the code `specdec train` runs on any target.
 """
@@ -39,45 +40,22 @@ from specdec.plugins import make_drafter
 from specdec.runtime.target import CausalLM
 from specdec.training.calibration import value_temperatures
 from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
-from specdec.training.distill import distill, evaluate
+from specdec.training.distill import distill
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
 from specdec.training.eagle3 import Eagle3Student
-from specdec.training.estimate import acceptance_estimate
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head, write_mtp
-from specdec.training.target import heldout_loss, new_target, train_target
+from specdec.training.target import new_target, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
 from specdec.versions import software_versions
 from specdec.zoo.costs import draft_costs
+from specdec.zoo.measure import Evaluation, measure, write_evaluation
+from specdec.zoo.options import drafter_options
 from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, ZooSettings
-from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, staging
+from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, ships, staging
 
-__all__ = ["build", "drafter_options"]
-
-def drafter_options(directory: Path, drafters: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
-    """`make_drafter` options of every drafter that serves a built family's target (`drafters`,
-    else those its manifest names, else every drafter), with the value temperature the build
-    fitted for each learned drafter's dynamic trees."""
-    options: dict[str, dict[str, Any]] = {
-        "ngram": {}, "lookahead": {}, "suffix": {},
-        "retrieval": {"datastore": str(directory / "datastore"), "tree": False},  # chains; its tree row adds tree
-        "draft-model": {"model": str(directory / "draft-model")},
-        "medusa": {"path": str(directory / "medusa")}, "eagle": {"path": str(directory / "eagle")},
-        "eagle3": {"path": str(directory / "eagle3")},
-        "mtp": {"path": str(directory / "target")}}
-    if drafters is None and (directory / MANIFEST).is_file():
-        named = json.loads((directory / MANIFEST).read_text())["settings"].get("drafters")  # None: built before
-        drafters = tuple(named) if named is not None else None
-    if drafters is not None:
-        options = {name: value for name, value in options.items() if name in drafters}
-    calibration = directory / CALIBRATION
-    if calibration.is_file():
-        for name, tau in json.loads(calibration.read_text()).items():
-            if name in options:
-                options[name]["value_temperature"] = float(tau)
-    return options
-
+__all__ = ["build", "documents"]
 
 def build(settings: ZooSettings = FULL, root: str | Path | None = None, show_progress: bool = True,
           log: Callable[[str], None] | None = None) -> Path:
@@ -86,6 +64,9 @@ def build(settings: ZooSettings = FULL, root: str | Path | None = None, show_pro
     with staging(settings, root) as work:
         if work is not None:
             say(f"building the {settings.name} zoo into {family_dir(settings, root)}")
+            if ships(settings.name):
+                say(f"(the {settings.name} family also ships with specdec; training is not bit-reproducible across "
+                    "machines, so this build's figures may differ from the shipped family's)")
             _build_into(work, settings, show_progress, say)
     return family_dir(settings, root)
 
@@ -112,23 +93,26 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     stages.done("students")
     if "retrieval" in settings.drafters:
         say("datastore: a suffix array of the training text, for the retrieval drafter")
-        build_datastore_from_ids(_documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
+        build_datastore_from_ids(documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
                                  sources=[str(corpus.root)])
         stages.done("datastore")
     say("evaluating on held-out text")
     windows = evaluation_windows(data.heldout, settings.target_steps.seq_len, settings.eval_windows)
+    evaluation = Evaluation(code_prompts(corpus, per_category=settings.eval_prompts), windows, k=4,
+                            new_tokens=settings.eval_new_tokens, temperature=settings.eval_temperature,
+                            seed=settings.seed)
+    write_evaluation(work, evaluation)
     learned = [*students, MtpStudent(mtp_head, target.get_input_embeddings(), target.get_output_embeddings())]
-    figures = evaluate(target, learned, windows)
     temperatures = value_temperatures(target, learned, windows)
     (work / CALIBRATION).write_text(json.dumps(temperatures, indent=2, sort_keys=True) + "\n")
-    stages.done("evaluation")
-    acceptance = _acceptance(work, corpus, tokenizer, settings)
-    stages.done("acceptance")
+    stages.done("calibration")
+    measure(work, settings.drafters, say)  # every figure from the files just written: figures.json
+    stages.done("measures")
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
-    costs = _costs(work, corpus, tokenizer, settings)
+    costs = _costs(work, tokenizer, evaluation, settings)
     stages.done("draft_tax")
     sizes = {student.name: _parameters(student.module) for student in students} | {"mtp": _parameters(mtp_head)}
-    pieces = _pieces(work, settings, target, windows, sizes, figures, temperatures, acceptance, costs)
+    pieces = _pieces(work, settings, target, sizes, temperatures, costs)
     record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
               "build_seconds": stages.total(), "stage_seconds": stages.seconds,
               "threads": torch.get_num_threads(),
@@ -221,23 +205,21 @@ def _save_draft_model(module: PreTrainedModel, tokenizer: Any, directory: Path) 
     tokenizer.save_pretrained(str(directory))
 
 
-def _pieces(work: Path, settings: ZooSettings, target: PreTrainedModel, windows: Any, sizes: dict[str, int],
-            figures: dict[str, Any], temperatures: dict[str, float], acceptance: dict[str, dict[str, Any]],
-            costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The manifest's entry for each piece: where it lies, its size, and what the build measured of it."""
+def _pieces(work: Path, settings: ZooSettings, target: PreTrainedModel, sizes: dict[str, int],
+            temperatures: dict[str, float], costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's entry for each piece: where it lies, its size and draft tax (its losses and
+    accepted lengths are in figures.json)."""
     pieces: dict[str, dict[str, Any]] = {
         "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
-        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target"),
-                   "heldout_loss": heldout_loss(target, windows)}}
+        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target")}}
     for name in (name for name in LEARNED if name in settings.drafters):
         directory = "target" if name == "mtp" else name
         pieces[name] = {"path": directory, "parameters": sizes[name],
-                        "bytes": _bytes(work / directory) if name != "mtp" else None,
-                        "heldout_loss": figures[name]["loss"], "heldout": figures[name], **acceptance[name]}
+                        "bytes": _bytes(work / directory) if name != "mtp" else None}
         if name in temperatures:
             pieces[name]["value_temperature"] = temperatures[name]
     for name in (name for name in TRAINING_FREE if name in settings.drafters):
-        pieces[name] = {"path": "datastore" if name == "retrieval" else None, **acceptance[name]}
+        pieces[name] = {"path": "datastore" if name == "retrieval" else None}
     if "retrieval" in pieces:
         pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
     for name, drafter_costs in costs["drafters"].items():
@@ -245,7 +227,7 @@ def _pieces(work: Path, settings: ZooSettings, target: PreTrainedModel, windows:
     return pieces
 
 
-def _documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
+def documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
     """The files of an encoded stream [N] (each followed by `eos`), without the separators."""
     ids = stream.tolist()
     ends = [i for i, token in enumerate(ids) if token == eos]
@@ -253,30 +235,13 @@ def _documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
     return [ids[a:b] for a, b in zip(starts, [*ends, len(ids)]) if b > a]
 
 
-def _prompts(corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> list[torch.Tensor]:
-    return [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
-            for p in code_prompts(corpus, per_category=settings.eval_prompts)]
-
-
-def _costs(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> dict[str, Any]:
-    """Every drafter's draft tax (`specdec.zoo.costs.draft_costs`) on two held-out prompts."""
+def _costs(work: Path, tokenizer: Any, evaluation: Evaluation, settings: ZooSettings) -> dict[str, Any]:
+    """Every drafter's draft tax (`specdec.zoo.costs.draft_costs`) on the first two evaluation prompts."""
     target = CausalLM(load_causal_lm(work / "target"))
     factories: dict[str, Callable[[], Any]] = {
         name: functools.partial(make_drafter, name, **options)
         for name, options in drafter_options(work, settings.drafters).items()}
-    return draft_costs(target, factories, _prompts(corpus, tokenizer, settings)[:2], k=4,
-                       new_tokens=settings.eval_new_tokens, rounds=settings.cost_rounds,
+    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts[:2]]
+    return draft_costs(target, factories, prompts, k=4, new_tokens=min(64, settings.eval_new_tokens),
+                       rounds=settings.cost_rounds,
                        compile=settings.cost_compiled)
-
-
-def _acceptance(work: Path, corpus: Corpus, tokenizer: Any, settings: ZooSettings) -> dict[str, dict[str, Any]]:
-    """Greedy k=4 decoding of held-out code prompts with each drafter loaded from `work`."""
-    target = CausalLM(load_causal_lm(work / "target"))
-    prompts = _prompts(corpus, tokenizer, settings)
-    out = {}
-    for name, options in drafter_options(work, settings.drafters).items():
-        stats = acceptance_estimate(target, lambda: make_drafter(name, **options), prompts, k=4,
-                                    max_new_tokens=settings.eval_new_tokens)
-        out[name] = {"mean_accepted_length": round(stats.mean_accepted_length, 3),
-                     "acceptance_rate": round(stats.acceptance_rate, 3), "prompts": len(prompts), "k": 4}
-    return out

@@ -15,7 +15,7 @@ from specdec.training.target import TargetSize
 __all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "LEARNED", "QUICK", "TRAINING_FREE", "ZOO_FORMAT", "ZooSettings",
            "family"]
 
-ZOO_FORMAT = 9  # bump when the build changes what the same settings produce (9: families name their drafters)
+ZOO_FORMAT = 10  # bump when the build changes what the same settings produce (10: evaluation and figures files)
 LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")  # trained by the build (mtp with the target)
 TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
@@ -43,8 +43,9 @@ class ZooSettings:
     eagle3_vocab: int  # its draft vocabulary: the most frequent training tokens
     eagle3_lr: float  # its learning rate (training-time test takes a higher one than the other students)
     eval_windows: int  # held-out windows for the losses
-    eval_prompts: int  # held-out code prompts per category for the acceptance estimate
+    eval_prompts: int  # held-out code prompts per category for the accepted lengths (`specdec.zoo.measure`)
     eval_new_tokens: int
+    eval_temperature: float  # 0: greedy; else sampled, prompt i with seed + i (`docs/zoo.md`, *Figures*)
     cost_rounds: int  # timed rounds of the draft-tax measurement (`specdec.zoo.costs`)
     cost_compiled: bool  # measure it on the compiled engine (the quick family's 60 s budget cannot compile)
     seed: int = 0
@@ -76,7 +77,7 @@ FULL = ZooSettings(
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=450, batch=4, seq_len=352, lr=1e-2, seed=2),
     eagle3_layers=(2, 16, 29), eagle3_vocab=2048, eagle3_lr=1.5e-2,
-    eval_windows=24, eval_prompts=2, eval_new_tokens=64,
+    eval_windows=24, eval_prompts=20, eval_new_tokens=128, eval_temperature=0.5,
     cost_rounds=3, cost_compiled=True)
 
 QUICK = ZooSettings(
@@ -87,7 +88,7 @@ QUICK = ZooSettings(
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
     eagle3_layers=(0, 1, 2), eagle3_vocab=384, eagle3_lr=3e-3,
-    eval_windows=8, eval_prompts=1, eval_new_tokens=24,
+    eval_windows=8, eval_prompts=1, eval_new_tokens=24, eval_temperature=0.5,
     cost_rounds=1, cost_compiled=False)
 
 # The Qwen3.5 case: a hybrid target in Qwen3.5's layout (three GatedDeltaNet linear-attention layers
@@ -111,7 +112,7 @@ HYBRID_QUICK = ZooSettings(
     medusa_heads=3, medusa_layers=1,
     student_steps=Steps(steps=15, batch=4, seq_len=96, lr=3e-3, seed=2),
     eagle3_layers=(0, 2, 4), eagle3_vocab=256, eagle3_lr=3e-3,
-    eval_windows=4, eval_prompts=1, eval_new_tokens=16,
+    eval_windows=4, eval_prompts=1, eval_new_tokens=16, eval_temperature=0.5,
     cost_rounds=1, cost_compiled=False, drafters=HYBRID_DRAFTERS)
 
 _FAMILIES = {"full": FULL, "quick": QUICK, "hybrid": HYBRID, "hybrid-quick": HYBRID_QUICK}

@@ -19,10 +19,12 @@ from typing import Any
 
 from specdec.zoo.settings import ZooSettings
 
-__all__ = ["CALIBRATION", "MANIFEST", "PIECES", "cache_root", "family_dir", "finished", "manifest", "piece_dir",
-           "staging"]
+__all__ = ["CALIBRATION", "MANIFEST", "PIECES", "SHIPPED", "SHIPPED_RECORD", "cache_root", "family_dir", "finished",
+           "manifest", "shipped_names", "ships", "staging", "staging_into"]
 
 MANIFEST = "manifest.json"
+SHIPPED = Path(__file__).resolve().with_name("shipped")  # the families that ship with the code, one folder each
+SHIPPED_RECORD = "shipped.json"
 CALIBRATION = "value_temperatures.json"  # the dynamic-tree value temperature of each learned drafter
 PIECES = {"tokenizer": "tokenizer", "target": "target", "draft-model": "draft-model", "medusa": "medusa",
           "eagle": "eagle", "eagle3": "eagle3", "mtp": "target",
@@ -35,6 +37,16 @@ def cache_root(override: str | Path | None = None) -> Path:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "specdec" / "zoo"
+
+
+def shipped_names(source: Path = SHIPPED) -> tuple[str, ...]:
+    """The families that ship with the code (folders of `source` holding a shipped.json)."""
+    return tuple(sorted(p.parent.name for p in source.glob(f"*/{SHIPPED_RECORD}"))) if source.is_dir() else ()
+
+
+def ships(name: str) -> bool:
+    """Whether the family `name` ships with the code (`specdec.zoo.shipped`)."""
+    return name in shipped_names()
 
 
 def family_dir(settings: ZooSettings, root: str | Path | None = None) -> Path:
@@ -54,29 +66,22 @@ def manifest(directory: Path) -> dict[str, Any]:
     return json.loads(file.read_text())
 
 
-def piece_dir(settings: ZooSettings, piece: str, root: str | Path | None = None) -> Path:
-    """The directory of one piece of a built family."""
-    if piece not in PIECES:
-        raise ValueError(f"unknown zoo piece {piece!r}; choose from {', '.join(PIECES)}")
-    directory = family_dir(settings, root)
-    flags = (" --hybrid" if settings.name.startswith("hybrid") else "") + (" --quick" if "quick" in settings.name else "")
-    if not (directory / MANIFEST).is_file():
-        raise FileNotFoundError(f"the {settings.name} zoo is not built under {cache_root(root)}; run "
-                                f"`specdec zoo build{flags}`")
-    if not (directory / PIECES[piece]).is_dir():
-        raise FileNotFoundError(f"the {settings.name} zoo has no {piece} (its drafters: "
-                                f"{', '.join(settings.drafters)})")
-    return directory / PIECES[piece]
+@contextlib.contextmanager
+def staging(settings: ZooSettings, root: str | Path | None = None) -> Iterator[Path | None]:
+    """Hold the family's lock and yield an empty staging directory, or None if the family is built
+    (`staging_into` its directory)."""
+    with staging_into(family_dir(settings, root)) as work:
+        yield work
 
 
 @contextlib.contextmanager
-def staging(settings: ZooSettings, root: str | Path | None = None) -> Iterator[Path | None]:
-    """Hold the family's lock and yield an empty staging directory, or None if the family is built.
+def staging_into(final: Path) -> Iterator[Path | None]:
+    """Hold `final`'s lock and yield an empty staging directory, or None if `final` is complete
+    (holds its manifest).
 
     Leaving the block normally renames the staging directory into place (it must hold the
     manifest by then); an exception removes it.
     """
-    final = family_dir(settings, root)
     if (final / MANIFEST).is_file():  # finished: no lock needed, so a read-only cache serves too
         yield None
         return

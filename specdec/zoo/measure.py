@@ -1,0 +1,219 @@
+"""What a zoo family publishes about itself, measured from its files alone.
+
+A family directory holds its evaluation beside its weights (`evaluation/`: the held-out code
+prompts as text and the held-out loss windows as token ids), so the figures below depend on the
+family's bytes and nothing else: the shipped zoo gives the same figures on every machine, and
+`specdec zoo build` measures a fresh build the same way on its own held-out files.
+
+- **losses**: each piece's held-out cross-entropy (nats per token) and, for a drafter, its top-1
+  agreement with the target, teacher-forced, over the windows;
+- **accepted lengths**: every drafter decodes every prompt (`Evaluation.k` draft tokens per
+  step, `new_tokens` each, greedy or at `temperature` with a per-prompt seed); the mean accepted
+  length is tokens emitted over target forwards, with a 95% bootstrap interval over prompts and a
+  rank the paired intervals support (`specdec.intervals`);
+- **loops**: how much of the decoded text is a degenerate loop and how much of each drafter's
+  accepted length it gave (`specdec.data.loops`).
+
+Written as `figures.json`; `specdec.zoo.publish` turns it into the docs' tables.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
+from specdec.data.loops import DEGENERATE_SHARE, LOOP_NGRAM, loop_count
+from specdec.data.prompts import Prompt
+from specdec.decoding.generate import generate
+from specdec.drafters.eagle import load_eagle
+from specdec.drafters.eagle3_files import load_eagle3
+from specdec.drafters.medusa import load_medusa
+from specdec.drafters.mtp_files import load_mtp
+from specdec.intervals import LEVEL, RESAMPLES, rank_labels, ranks, ratio_interval
+from specdec.plugins import make_drafter
+from specdec.runtime.target import CausalLM
+from specdec.training.distill import evaluate
+from specdec.training.draft_model import DraftModelStudent
+from specdec.training.eagle import EagleStudent
+from specdec.training.eagle3 import Eagle3Student
+from specdec.training.medusa import MedusaStudent
+from specdec.training.mtp import MtpStudent
+from specdec.training.target import heldout_loss
+from specdec.types import Sampling
+from specdec.zoo.options import drafter_options
+
+__all__ = ["EVALUATION", "FIGURES", "Evaluation", "PromptRun", "decode_prompts", "load_students", "measure",
+           "read_evaluation", "read_figures", "write_evaluation"]
+
+EVALUATION = "evaluation"  # prompts.json (settings and prompts) + windows.safetensors
+FIGURES = "figures.json"
+FIGURES_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a family is measured on: prompts (text), loss windows LongTensor [n, T], and the decoding."""
+
+    prompts: tuple[Prompt, ...]
+    windows: torch.Tensor
+    k: int = 4
+    new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0  # prompt i decodes with seed + i when sampling
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature)
+
+    def settings(self) -> dict[str, Any]:
+        return {"prompts": len(self.prompts), "windows": list(self.windows.shape), "k": self.k,
+                "new_tokens": self.new_tokens, "temperature": self.temperature, "seed": self.seed}
+
+
+def write_evaluation(directory: Path, evaluation: Evaluation) -> None:
+    """`directory/evaluation/`: prompts.json (the decoding settings and every prompt) and the windows."""
+    folder = directory / EVALUATION
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {key: value for key, value in evaluation.settings().items() if key not in ("prompts", "windows")}
+    record["prompts"] = [asdict(p) for p in evaluation.prompts]
+    (folder / "prompts.json").write_text(json.dumps(record, indent=1) + "\n")
+    save_file({"windows": evaluation.windows.to(torch.int32).contiguous()}, str(folder / "windows.safetensors"))
+
+
+def read_evaluation(directory: Path) -> Evaluation:
+    folder = directory / EVALUATION
+    if not (folder / "prompts.json").is_file():
+        raise FileNotFoundError(f"{directory} holds no evaluation ({EVALUATION}/prompts.json); a family built "
+                                "before ZOO_FORMAT 10 does not: build it again")
+    record = json.loads((folder / "prompts.json").read_text())
+    prompts = tuple(Prompt(**p) for p in record["prompts"])
+    windows = load_file(str(folder / "windows.safetensors"))["windows"].long()
+    return Evaluation(prompts, windows, int(record["k"]), int(record["new_tokens"]), float(record["temperature"]),
+                      int(record["seed"]))
+
+
+def read_figures(directory: Path) -> dict[str, Any] | None:
+    """The family's figures.json, or None when it has none."""
+    file = directory / FIGURES
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def load_students(directory: Path, target: Any, names: Sequence[str]) -> list[Any]:
+    """The learned drafters of `names` (and the target's MTP module), read from the family's files
+    and wrapped as the students `specdec.training.distill.evaluate` measures."""
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    load: dict[str, Callable[[], Any]] = {
+        "draft-model": lambda: DraftModelStudent(load_causal_lm(directory / "draft-model")),
+        "medusa": lambda: MedusaStudent(load_medusa(directory / "medusa")),
+        "eagle": lambda: EagleStudent(load_eagle(directory / "eagle"), embed, lm_head),
+        "eagle3": lambda: Eagle3Student(load_eagle3(directory / "eagle3"), embed),
+        "mtp": lambda: MtpStudent(load_mtp(directory / "target"), embed, lm_head)}
+    students = [load[name]() for name in load if name in names]
+    for student in students:
+        student.module.eval()
+    return students
+
+
+@dataclass(frozen=True)
+class PromptRun:
+    """One prompt decoded: tokens emitted, target forwards, drafted and accepted draft tokens,
+    the accepted ones that were loop tokens, and the output's loop tokens."""
+
+    new_tokens: int
+    steps: int
+    drafted: int
+    accepted: int
+    loop_accepted: int
+    loop_tokens: int
+
+    @property
+    def degenerate(self) -> bool:
+        """Whether the output is mostly loop (`specdec.data.loops.DEGENERATE_SHARE`)."""
+        return self.new_tokens > 0 and self.loop_tokens >= DEGENERATE_SHARE * self.new_tokens
+
+    def row(self) -> list[int]:
+        return [self.new_tokens, self.steps, self.drafted, self.accepted, self.loop_accepted, self.loop_tokens]
+
+
+def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: Any, evaluation: Evaluation,
+                   compile: bool = False, on_prompt: Callable[[], None] | None = None
+                   ) -> tuple[list[list[int]], list[PromptRun], list[float]]:
+    """Every prompt decoded with `drafter` (None: plain decoding): the tokens, the counts and the
+    seconds of each. A drafter that remembers earlier outputs forgets them first."""
+    from specdec.protocols import forget
+
+    forget(drafter)
+    outputs, runs, seconds = [], [], []
+    for i, prompt in enumerate(prompts):
+        result = generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter is not None else 0,
+                          max_new_tokens=evaluation.new_tokens, sampling=evaluation.sampling,
+                          seed=evaluation.seed + i, compile=compile)
+        stats = result.stats
+        loops = loop_count(result.tokens, stats.accepted_per_step if drafter is not None else [0] * stats.steps)
+        outputs.append(result.tokens)
+        runs.append(PromptRun(stats.new_tokens, stats.steps, stats.drafted, loops.accepted, loops.loop_accepted, loops.loop_tokens))
+        seconds.append(stats.wall_seconds)
+        if on_prompt is not None:
+            on_prompt()
+    return outputs, runs, seconds
+
+
+def acceptance_figures(runs: dict[str, list[PromptRun]]) -> dict[str, dict[str, Any]]:
+    """Each drafter's mean accepted length with its interval and rank, acceptance, and loop shares."""
+    counts = {name: ([r.new_tokens for r in rows], [r.steps for r in rows]) for name, rows in runs.items()}
+    labels = rank_labels(ranks(counts))
+    out: dict[str, dict[str, Any]] = {}
+    for name, rows in runs.items():
+        steps = sum(r.steps for r in rows)
+        accepted = sum(r.accepted for r in rows)
+        looped = sum(r.loop_accepted for r in rows)
+        drafted = sum(r.drafted for r in rows)
+        out[name] = {"mean_accepted_length": ratio_interval(*counts[name]).as_dict(),
+                     "rank": labels[name], "acceptance_rate": accepted / drafted if drafted else 0.0,
+                     "from_loops": looped / steps if steps else 0.0,
+                     "loop_share": looped / accepted if accepted else 0.0,
+                     "text_loop_share": sum(r.loop_tokens for r in rows) / max(1, sum(r.new_tokens for r in rows)),
+                     "degenerate": sum(r.degenerate for r in rows),
+                     "prompts": [r.row() for r in rows]}
+    return out
+
+
+def measure(directory: Path, drafters: Sequence[str], log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every figure of the family at `directory` (see the module docstring), written to figures.json."""
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    evaluation = read_evaluation(directory)
+    with quiet_transformers():
+        model = load_causal_lm(directory / "target")
+    model.eval()
+    say(f"held-out losses over {evaluation.windows.shape[0]} windows")
+    with torch.no_grad():
+        losses: dict[str, dict[str, float]] = {"target": {"loss": heldout_loss(model, evaluation.windows)}}
+        students = load_students(directory, model, drafters)
+        losses |= evaluate(model, students, evaluation.windows)
+    tokenizer = load_tokenizer(directory / "tokenizer")
+    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts]
+    target = CausalLM(model)
+    options = drafter_options(directory, tuple(drafters))
+    say(f"decoding {len(ids)} prompts plainly and with {', '.join(options)}")
+    _, plain, _ = decode_prompts(target, ids, None, evaluation)
+    runs = {name: decode_prompts(target, ids, make_drafter(name, **option), evaluation)[1]
+            for name, option in options.items()}
+    document = {"format": FIGURES_FORMAT, "evaluation": evaluation.settings(),
+                "loops": {"ngram": LOOP_NGRAM, "degenerate_share": DEGENERATE_SHARE},
+                "intervals": {"level": LEVEL, "resamples": RESAMPLES, "unit": "prompt"},
+                "losses": {name: {key: round(value, 4) for key, value in figures.items()}
+                           for name, figures in losses.items()},
+                "text": {"loop_share": sum(r.loop_tokens for r in plain) / max(1, sum(r.new_tokens for r in plain)),
+                         "degenerate": sum(r.degenerate for r in plain),
+                         "prompts": len(plain)},
+                "drafters": acceptance_figures(runs)}
+    (directory / FIGURES).write_text(json.dumps(document, indent=1) + "\n")
+    return document
