@@ -224,7 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling temperature, 0 for greedy (default: the family's, 0.5)")
     parser.add_argument("--repeats", type=int, default=1, help="timed rounds; each prompt's median counts (default 1)")
-    parser.add_argument("--check", type=int, default=3, help="prompts decoded greedily for the lossless check (default 3)")
+    parser.add_argument("--check", type=int, default=3,
+                        help="prompts decoded greedily for the lossless check (default 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for decoding (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (building, decoding)")
     parser.add_argument("--eager", action="store_true", help="decode eagerly (default: the compiled engine)")

@@ -173,7 +173,8 @@ def summarize(runs: Sequence[Run], contenders: Sequence[Contender], costs: dict[
             record["same_as_plain"] = (all(r.tokens == plain_tokens[(r.question, r.turn, r.repeat)] for r in chosen)
                                        if greedy else None)
             if over_prompts_too:
-                baseline_runs = [r for r in runs if r.contender == contender.baseline and category in ("all", r.category)]
+                baseline_runs = [r for r in runs
+                                 if r.contender == contender.baseline and category in ("all", r.category)]
                 record.update(over_prompts(chosen, baseline_runs, contender))
             records.append(record)
     if over_prompts_too:
@@ -195,7 +196,8 @@ def over_prompts(chosen: Sequence[Run], baseline: Sequence[Run], contender: Cont
              for u in units]
     out: dict[str, Any] = {"per_prompt": {"prompts": [f"{q}#{t}" for q, t in units], "new_tokens": new,
                                           "steps": steps, "seconds": seconds, "baseline_seconds": plain},
-                           "mean_accepted_length_interval": ratio_interval(new, steps).as_dict() if sum(steps) else None,
+                           "mean_accepted_length_interval": (ratio_interval(new, steps).as_dict() if sum(steps)
+                                                             else None),
                            "speedup_interval": (ratio_interval(plain, seconds).as_dict()
                                                 if sum(seconds) > 0 and not any(math.isnan(x) for x in plain) else None),
                            "from_loops": None, "loop_share": None}

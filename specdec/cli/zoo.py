@@ -176,7 +176,8 @@ def add_zoo_commands(commands: Any) -> None:
                                help="train the family here, from scratch (reused when the cache already holds it)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     build.set_defaults(run=_build)
-    info = actions.add_parser("info", parents=[cache], help="the shipped and the built families, their pieces and figures")
+    info = actions.add_parser("info", parents=[cache],
+                              help="the shipped and the built families, their pieces and figures")
     info.set_defaults(run=_info)
     path = actions.add_parser("path", parents=[cache, family], help="print a piece's checkpoint directory")
     path.add_argument("--built", action="store_true",
@@ -184,7 +185,7 @@ def add_zoo_commands(commands: Any) -> None:
     path.add_argument("piece", choices=list(PIECES), metavar="NAME", help=", ".join(PIECES))
     path.set_defaults(run=_path)
     ship = actions.add_parser("ship", parents=[cache, family],
-                              help="(maintainers) store the family built here as the shipped one, in specdec/zoo/shipped")
+                              help="(maintainers) store the family built here as the shipped one, in specdec/zoo/shipped-families")
     ship.set_defaults(run=_ship)
     figures = actions.add_parser("figures", help="(maintainers, `make docs-figures`) measure the shipped families and "
                                                  "rewrite the docs' generated figures")

@@ -159,7 +159,8 @@ def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: A
         stats = result.stats
         loops = loop_count(result.tokens, stats.accepted_per_step if drafter is not None else [0] * stats.steps)
         outputs.append(result.tokens)
-        runs.append(PromptRun(stats.new_tokens, stats.steps, stats.drafted, loops.accepted, loops.loop_accepted, loops.loop_tokens))
+        runs.append(PromptRun(stats.new_tokens, stats.steps, stats.drafted, loops.accepted, loops.loop_accepted,
+                              loops.loop_tokens))
         seconds.append(stats.wall_seconds)
         if on_prompt is not None:
             on_prompt()

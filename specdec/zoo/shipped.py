@@ -3,7 +3,7 @@ the code, so every machine decodes with the same bytes and prints the same accep
 
 Training is not bit-reproducible across machines (CPUs round differently and a thousand steps
 amplify it), so a family trained on two machines differs; the families the docs describe are
-therefore not rebuilt on first use but stored in `specdec/zoo/shipped/<family>/`:
+therefore not rebuilt on first use but stored in `specdec/zoo/shipped-families/<family>/`:
 
 - each weight file in half precision: every float32 tensor whose half-precision round trip is
   finite and keeps each nonzero entry nonzero is stored as float16, any other stays float32 (the
@@ -219,15 +219,15 @@ def _verify_stored(folder: Path, record: dict[str, Any]) -> None:
         path = folder / name
         if not path.is_file():
             raise ZooIntegrityError(f"the shipped {record['family']} zoo lacks {path}; restore it from the "
-                                    "repository (git checkout -- specdec/zoo/shipped) or build one with "
+                                    "repository (git checkout -- specdec/zoo/shipped-families) or build one with "
                                     "`specdec zoo build`")
         found = _sha256(path)
         if found != expected:
             raise ZooIntegrityError(
                 f"the shipped {record['family']} zoo's {path} has SHA-256 {found[:16]}…, not the {expected[:16]}… "
                 f"{RECORD} records: the file was changed or truncated (a Git LFS pointer, a partial checkout). "
-                "Restore it from the repository (git checkout -- specdec/zoo/shipped), or build your own family "
-                "with `specdec zoo build` (its figures may differ from the shipped ones)")
+                "Restore it from the repository (git checkout -- specdec/zoo/shipped-families), or build your own "
+                "family with `specdec zoo build` (its figures may differ from the shipped ones)")
 
 
 def _unpacked_matches(directory: Path, record: dict[str, Any]) -> str | None:
@@ -287,7 +287,7 @@ def open_shipped(settings: ZooSettings, root: str | Path | None = None, source: 
     record = _record(folder)
     if record.get("format") != SHIP_FORMAT:
         raise ZooIntegrityError(f"the shipped {settings.name} zoo is in shipping format {record.get('format')}, this "
-                                f"code reads {SHIP_FORMAT}: restore specdec/zoo/shipped from the same revision as the code")
+                                f"code reads {SHIP_FORMAT}: restore specdec/zoo/shipped-families from the code's revision")
     if record["settings"] != json.loads(json.dumps(asdict(settings))) or record["zoo_format"] != ZOO_FORMAT:
         raise ZooIntegrityError(
             f"the shipped {settings.name} zoo was built with other settings (ZOO_FORMAT {record['zoo_format']}, "

@@ -23,7 +23,8 @@ __all__ = ["CALIBRATION", "MANIFEST", "PIECES", "SHIPPED", "SHIPPED_RECORD", "ca
            "manifest", "shipped_names", "ships", "staging", "staging_into"]
 
 MANIFEST = "manifest.json"
-SHIPPED = Path(__file__).resolve().with_name("shipped")  # the families that ship with the code, one folder each
+# the shipped families, one folder each; a folder name no import can reach, so packaging takes it as data
+SHIPPED = Path(__file__).resolve().with_name("shipped-families")
 SHIPPED_RECORD = "shipped.json"
 CALIBRATION = "value_temperatures.json"  # the dynamic-tree value temperature of each learned drafter
 PIECES = {"tokenizer": "tokenizer", "target": "target", "draft-model": "draft-model", "medusa": "medusa",
