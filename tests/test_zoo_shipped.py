@@ -98,7 +98,7 @@ def test_an_unpacking_that_fails_leaves_nothing_behind(tmp_path: Path, monkeypat
     def broken(stored: Path, out: Path, halved: list[str]) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("specdec.zoo.shipped._unpack_weights", broken)
+    monkeypatch.setattr("specdec.zoo.shipped.unpack_weights", broken)
     with pytest.raises(OSError, match="disk full"):
         open_shipped(zoo.HYBRID, root=tmp_path, say=lambda line: None)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []

@@ -33,19 +33,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
-
 from specdec.data.datastore import SUFFIXES, TOKENS
-from specdec.zoo.settings import ZOO_FORMAT, ZooSettings, family
 from specdec.zoo.build import build, documents
 from specdec.zoo.measure import FIGURES
 from specdec.zoo.options import UNAVAILABLE, unavailable
+from specdec.zoo.packing import content_digest, corpus_fingerprint, pack_weights, sha256, unpack_weights
+from specdec.zoo.settings import ZOO_FORMAT, ZooSettings, family
 from specdec.zoo.store import (MANIFEST, PIECES, SHIPPED, SHIPPED_RECORD, cache_root, family_dir, shipped_names,
                                 staging_into)
 
-__all__ = ["RECORD", "SHIPPED", "ZooIntegrityError", "corpus_fingerprint", "open_shipped", "piece_dir", "ready",
+__all__ = ["RECORD", "SHIPPED", "ZooIntegrityError", "open_shipped", "piece_dir", "ready",
            "ship", "shipped_names"]
 
 RECORD = SHIPPED_RECORD
@@ -55,67 +52,6 @@ SHIP_FORMAT = 1
 
 class ZooIntegrityError(ValueError):
     """A shipped zoo file does not hold the bytes its checksum says."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _content_digest(path: Path) -> str:
-    """SHA-256 of a file's contents: a safetensors file's tensors (name, dtype, shape, bytes, in
-    name order), so that another safetensors version's header layout does not count; any other
-    file's bytes."""
-    if path.suffix != ".safetensors":
-        return _sha256(path)
-    digest = hashlib.sha256()
-    tensors = load_file(str(path))
-    for name in sorted(tensors):
-        tensor = tensors[name].contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
-def _halvable(tensor: torch.Tensor) -> bool:
-    """Whether a float32 tensor survives float16: finite, and no nonzero entry rounds to zero."""
-    if tensor.dtype != torch.float32:
-        return False
-    half = tensor.to(torch.float16)
-    return bool(torch.isfinite(half).all()) and not bool(((tensor != 0) & (half == 0)).any())
-
-
-def _pack_weights(source: Path, out: Path) -> list[str]:
-    """`source` written to `out` with every halvable float32 tensor in float16; the names halved."""
-    with safe_open(str(source), framework="pt") as handle:
-        metadata = handle.metadata()
-    tensors = load_file(str(source))
-    halved = sorted(name for name, tensor in tensors.items() if _halvable(tensor))
-    packed = {name: (tensor.to(torch.float16) if name in halved else tensor).contiguous()
-              for name, tensor in tensors.items()}
-    save_file(packed, str(out), metadata=metadata)
-    return halved
-
-
-def _unpack_weights(stored: Path, out: Path, halved: list[str]) -> None:
-    with safe_open(str(stored), framework="pt") as handle:
-        metadata = handle.metadata()
-    tensors = load_file(str(stored))
-    restored = {name: (tensor.to(torch.float32) if name in halved else tensor).contiguous()
-                for name, tensor in tensors.items()}
-    save_file(restored, str(out), metadata=metadata)
-
-
-def corpus_fingerprint(train_files: list[tuple[str, bytes]]) -> str:
-    """SHA-256 over the training files' relative paths and bytes, in order."""
-    digest = hashlib.sha256()
-    for name, data in train_files:
-        digest.update(f"{name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def _stdlib_fingerprint() -> str:
@@ -178,13 +114,13 @@ def _store(built: Path, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".safetensors":
-            entry: dict[str, Any] = {"halved": _pack_weights(path, target), "stored": name}
+            entry: dict[str, Any] = {"halved": pack_weights(path, target), "stored": name}
             round_trip = out / ".round-trip.safetensors"
-            _unpack_weights(target, round_trip, entry["halved"])
-            entry["digest"] = _content_digest(round_trip)  # what unpacking gives, not the float32 build
+            unpack_weights(target, round_trip, entry["halved"])
+            entry["digest"] = content_digest(round_trip)  # what unpacking gives, not the float32 build
             round_trip.unlink()
         else:
-            entry = {"digest": _content_digest(path)}
+            entry = {"digest": content_digest(path)}
             if entry["digest"] in stored_by_digest:
                 entry["stored"] = stored_by_digest[entry["digest"]]  # the same bytes, stored once
             else:
@@ -192,7 +128,7 @@ def _store(built: Path, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
                 entry["stored"] = stored_by_digest[entry["digest"]] = name
         files[name] = entry
     for entry in files.values():
-        entry["stored_sha256"] = _sha256(out / entry["stored"])
+        entry["stored_sha256"] = sha256(out / entry["stored"])
     record: dict[str, Any] = {"format": SHIP_FORMAT, "family": manifest["name"], "key": manifest["key"],
                               "zoo_format": ZOO_FORMAT, "settings": manifest["settings"],
                               "python": manifest["versions"]["python"], "files": files}
@@ -200,7 +136,7 @@ def _store(built: Path, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         record["datastore"] = {"train_chars": manifest["settings"]["train_chars"],
                                "heldout_chars": manifest["settings"]["heldout_chars"],
                                "corpus": _stdlib_fingerprint(),
-                               "files": {name: _sha256(datastore / name) for name in DATASTORE_BINS}}
+                               "files": {name: sha256(datastore / name) for name in DATASTORE_BINS}}
     return record
 
 
@@ -221,7 +157,7 @@ def _verify_stored(folder: Path, record: dict[str, Any]) -> None:
             raise ZooIntegrityError(f"the shipped {record['family']} zoo lacks {path}; restore it from the "
                                     "repository (git checkout -- specdec/zoo/shipped-families) or build one with "
                                     "`specdec zoo build`")
-        found = _sha256(path)
+        found = sha256(path)
         if found != expected:
             raise ZooIntegrityError(
                 f"the shipped {record['family']} zoo's {path} has SHA-256 {found[:16]}…, not the {expected[:16]}… "
@@ -236,12 +172,12 @@ def _unpacked_matches(directory: Path, record: dict[str, Any]) -> str | None:
         path = directory / name
         if not path.is_file():
             return f"{name} is missing"
-        if _content_digest(path) != entry["digest"]:
+        if content_digest(path) != entry["digest"]:
             return f"{name} differs"
     if "datastore" in record and "retrieval" not in unavailable(directory):
         for name, expected in record["datastore"]["files"].items():
             path = directory / "datastore" / name
-            if not path.is_file() or _sha256(path) != expected:
+            if not path.is_file() or sha256(path) != expected:
                 return f"datastore/{name} differs"
     return None
 
@@ -265,11 +201,9 @@ def piece_dir(settings: ZooSettings, piece: str, root: str | Path | None = None,
         directory = open_shipped(settings, root)
     else:
         directory = family_dir(settings, root)
-        flags = (" --hybrid" if settings.name.startswith("hybrid") else "") + \
-            (" --quick" if "quick" in settings.name else "")
         if not (directory / MANIFEST).is_file():
             raise FileNotFoundError(f"the {settings.name} zoo is not built under {cache_root(root)}; run "
-                                    f"`specdec zoo build{flags}`")
+                                    f"`specdec zoo build{_flags(settings)}`")
     if not (directory / PIECES[piece]).is_dir():
         raise FileNotFoundError(f"the {settings.name} zoo has no {piece} (its drafters: "
                                 f"{', '.join(settings.drafters)})")
@@ -287,12 +221,13 @@ def open_shipped(settings: ZooSettings, root: str | Path | None = None, source: 
     record = _record(folder)
     if record.get("format") != SHIP_FORMAT:
         raise ZooIntegrityError(f"the shipped {settings.name} zoo is in shipping format {record.get('format')}, this "
-                                f"code reads {SHIP_FORMAT}: restore specdec/zoo/shipped-families from the code's revision")
+                                f"code reads {SHIP_FORMAT}: restore specdec/zoo/shipped-families from the "
+                                "code's revision")
     if record["settings"] != json.loads(json.dumps(asdict(settings))) or record["zoo_format"] != ZOO_FORMAT:
         raise ZooIntegrityError(
             f"the shipped {settings.name} zoo was built with other settings (ZOO_FORMAT {record['zoo_format']}, "
             f"this code's {ZOO_FORMAT}): ship it again from a build of these settings (`specdec zoo build"
-            f"{_flag(settings)}`, then `specdec zoo ship{_flag(settings)}`), or use a local build (`--built`)")
+            f"{_flags(settings)}`, then `specdec zoo ship{_flags(settings)}`), or use a local build (`--built`)")
     _verify_stored(folder, record)
     digest = hashlib.sha256((folder / RECORD).read_bytes()).hexdigest()[:12]
     final = cache_root(root) / f"{settings.name}-shipped-{digest}"
@@ -312,8 +247,10 @@ def open_shipped(settings: ZooSettings, root: str | Path | None = None, source: 
     return final
 
 
-def _flag(settings: ZooSettings) -> str:
-    return " --hybrid" if settings.name.startswith("hybrid") else ""
+def _flags(settings: ZooSettings) -> str:
+    """The `specdec zoo` flags that name the family."""
+    hybrid = " --hybrid" if settings.name.startswith("hybrid") else ""
+    return hybrid + (" --quick" if "quick" in settings.name else "")
 
 
 def _copy_figures(folder: Path, directory: Path) -> None:
@@ -332,10 +269,10 @@ def _unpack(folder: Path, record: dict[str, Any], work: Path, say: Callable[[str
         path = work / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if "halved" in entry:
-            _unpack_weights(folder / entry["stored"], path, entry["halved"])
+            unpack_weights(folder / entry["stored"], path, entry["halved"])
         else:
             shutil.copyfile(folder / entry["stored"], path)
-        if _content_digest(path) != entry["digest"]:
+        if content_digest(path) != entry["digest"]:
             raise ZooIntegrityError(f"unpacking the shipped {record['family']} zoo's {name} gave other contents "
                                     "than it was shipped with; report it, with `pip freeze`")
     if "datastore" in record:
@@ -366,7 +303,7 @@ def _rebuild_datastore(work: Path, record: dict[str, Any]) -> str | None:
         eos = int(tokenizer.eos_token_id)
         data = encode_corpus(tokenizer, stdlib_corpus(), eos, recipe["train_chars"], recipe["heldout_chars"])
         build_datastore_from_ids(documents(data.train, eos), scratch, tokenizer=tokenizer)
-        differ = [name for name, expected in recipe["files"].items() if _sha256(scratch / name) != expected]
+        differ = [name for name, expected in recipe["files"].items() if sha256(scratch / name) != expected]
         if differ:
             return (f"the datastore rebuilt here differs from the shipped one ({', '.join(differ)}); report it, "
                     "with `pip freeze`")
