@@ -32,12 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
 # `make test` runs two pytest-xdist workers, one per core (docs/working.md). A worker takes a file at a
 # time, so a file's module fixtures are built once; the files below are handed out first, longest
 # first, so that neither worker is left with a long file at the end; the rest follow in collection order.
-LONGEST = ("test_demo.py", "test_engine_zoo.py", "test_engine.py", "test_synthetic_bench.py", "test_distributed.py",
-           "test_batch.py", "test_bench.py", "test_play.py", "test_zoo.py", "test_lossless_statistical.py",
-           "test_tree_loop.py", "test_hybrid_drafters.py")
-# One unit of work, on one worker, in this order: the demo compiles the quick zoo's graphs at k = 4 and
-# the engine's zoo tests replay them in the same process (apart, both would compile them, at once).
-TOGETHER = ("test_demo.py", "test_engine_zoo.py")
+LONGEST = ("test_engine.py", "test_engine_zoo.py", "test_synthetic_bench.py", "test_distributed.py", "test_batch.py",
+           "test_hybrid.py", "test_bench.py", "test_zoo_shipped.py", "test_play.py", "test_zoo.py",
+           "test_lossless_statistical.py", "test_tree_loop.py", "test_hybrid_drafters.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -51,19 +48,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: pytest without it runs the suite in one process
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under `--dist loadfile`: pytest-xdist's file scheduling, with the files of TOGETHER as one unit
-    and the units handed out in collection order (not, as by default, those with most tests first)."""
+    """Under `--dist loadfile`: pytest-xdist's file scheduling, with the files handed out in collection
+    order (not, as by default, those with most tests first)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class Scheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "+".join(TOGETHER) if path.rpartition("/")[2] in TOGETHER else path
-
     config.option.loadscopereorder = False
-    return Scheduling(config, log)
+    return LoadFileScheduling(config, log)
 
 
 # What the suite compiled: inductor's graphs built and those loaded from its on-disk cache, summed

@@ -3,9 +3,8 @@ compiled as eager, with a budget or an EOS ending inside an accepted block; a co
 back from the device once; a feature-level head catches up and drafts in one step.
 
 These tests share the quick zoo's target and drafters (`quick_target`, `zoo_drafter`), so a graph
-compiled by one serves the others, and their shapes (k = 4) are those `make demo` compiles:
-under pytest-xdist this file runs after tests/test_demo.py on the same worker (tests/conftest.py,
-TOGETHER), and inductor's cache serves it those graphs.
+compiled by one serves the others; their shapes (k = 4) are those `make demo` compiles. They are the
+compiled engine's check on the zoo: tests/test_demo.py decodes the demo's table eagerly.
 """
 
 from __future__ import annotations
