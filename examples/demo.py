@@ -56,6 +56,7 @@ from specdec import plugins, zoo
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.data.loops import loop_count
 from specdec.data.prompts import first_per_category
+from specdec.decoding.generate import engine_for
 from specdec.intervals import Interval, rank_labels, ranks, ratio_interval
 from specdec.protocols import forget
 from specdec.training.optim import progress
@@ -109,12 +110,25 @@ def decode_one(target: specdec.CausalLM, prompt: torch.Tensor, drafter: Any, eva
                             max_new_tokens=evaluation.new_tokens, sampling=sampling, seed=seed, compile=compile)
 
 
+def warm_ups(prompts: list[torch.Tensor], drafter: Any, evaluation: Evaluation) -> list[int]:
+    """One prompt per static-cache size the runs meet (the target's, and a drafter's own, which
+    holds its draft rows too): its graphs are compiled before the timed rounds, not in them."""
+    chosen: dict[tuple[int, int], int] = {}
+    k = evaluation.k if drafter is not None else 0
+    for i, prompt in enumerate(prompts):
+        engine = engine_for(drafter, k, prompt.shape[0] + evaluation.new_tokens, True)
+        key = (engine.capacity(), engine.capacity(extra=engine.max_draft + 1 + engine.draft_nodes))
+        chosen.setdefault(key, i)
+    return sorted(chosen.values())
+
+
 def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list[int], directory: Path,
             evaluation: Evaluation, args: argparse.Namespace, labels: tuple[str, ...] = DRAFTERS) -> list[Row]:
     """Plain decoding and each drafter of `labels` on every prompt, prompt by prompt, `args.repeats`
     rounds (prompt i with seed evaluation.seed + numbers[i]); per-prompt median seconds. Before the rounds,
-    every row decodes the first `args.check` prompts greedily (which also warms up and compiles,
-    outside the timings) to check its tokens against plain greedy decoding's. Each drafter is made
+    every row decodes the first `args.check` prompts greedily to check its tokens against plain
+    greedy decoding's, and one prompt per cache size the rounds meet (`warm_ups`): the graphs are
+    compiled there, outside the timings. Each drafter is made
     once (its prefill resets it) and forgets what it remembered at the start of each round, so the
     counters repeat every round and equal the family's figures. A bar on stderr shows progress."""
     options = drafter_options(directory, labels)
@@ -123,7 +137,9 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list
                 for name in names}
     compile = not args.eager
     checked = prompts[: args.check]
-    bar = progress(len(names) * (len(checked) + 1 + args.repeats * len(prompts)), "decoding", not args.no_progress)
+    warm = {name: warm_ups(prompts, drafters[name], evaluation) for name in names}
+    bar = progress(sum(len(checked) + len(warm[name]) + args.repeats * len(prompts) for name in names), "decoding",
+                   not args.no_progress)
     bar.unit = "run"
     greedy: dict[str | None, list[list[int]]] = {}
     for name in names:  # the lossless check, and the warm-up of the sampled runs
@@ -131,8 +147,9 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list
         forget(drafters[name])
         greedy[name] = [decode_one(target, p, drafters[name], evaluation, 0, compile, greedy=True).tokens
                         for p in checked]
-        decode_one(target, prompts[0], drafters[name], evaluation, evaluation.seed + numbers[0], compile)
-        bar.update(len(checked) + 1)
+        for i in warm[name]:
+            decode_one(target, prompts[i], drafters[name], evaluation, evaluation.seed + numbers[i], compile)
+        bar.update(len(checked) + len(warm[name]))
     runs: dict[str | None, list[specdec.Generation]] = {}
     seconds: dict[str | None, list[list[float]]] = {name: [[] for _ in prompts] for name in names}
     for round_number in range(1, args.repeats + 1):
