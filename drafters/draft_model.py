@@ -15,11 +15,11 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.chains import chain_length, chain_uniforms, cut_chain
-from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, tree_settings
+from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, prefix_q, tree_settings
 from specdec.protocols import DraftContext
 from specdec.runtime.forward import model_forward
 from specdec.runtime.target import CausalLM
-from specdec.sampling import pick
+from specdec.sampling import chain_sampling, pick
 from specdec.types import Draft, Sampling
 
 __all__ = ["DraftModelDrafter"]
@@ -148,7 +148,8 @@ class DraftModelDrafter:
             n = k
         uniforms = chain_uniforms(ctx, n, not ctx.sampling.greedy)
         rows = self._feed_rows(pending)
-        if n == self._max_draft and self.lm.static and rows is not None:  # the usual draft: feed and loop, one step
+        if n == self._max_draft and self.lm.static and rows is not None and not ctx.sampling.reads_prefix:
+            # the usual draft: feed and loop, one step
             tokens, probs = self.lm.fed_chain(draft_chain, pending, rows, n - 1, uniforms, ctx.sampling, n)
             return cut_chain(tokens, probs, k)
         logits = self._feed(pending)  # (1, V)
@@ -157,7 +158,7 @@ class DraftModelDrafter:
         def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
             return self.lm.forward(token, keep=1, rows=1)[0]
 
-        tokens, probs = draft_chain(None, None, logits, uniforms, ctx.sampling, k, step)
+        tokens, probs = draft_chain(None, None, logits, uniforms, chain_sampling(ctx), k, step)
         return Draft(tokens, probs)
 
     def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:
@@ -178,7 +179,8 @@ class DraftModelDrafter:
             self.lm.rollback(self.lm.cache_length - (rows - len(nodes)))  # the padding is stale
             return out[: len(nodes)]  # (f, V)
 
-        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True)
+        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True,
+                                 prefix_q=prefix_q(ctx))
         self._columns = columns
         return draft
 

@@ -16,9 +16,9 @@ from specdec.drafters.chains import chain_length, cut_chain
 from specdec.drafters.feature_pairs import chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
-from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree
+from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, prefix_q
 from specdec.protocols import DraftContext
-from specdec.sampling import pick
+from specdec.sampling import chain_sampling, pick
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
@@ -30,8 +30,8 @@ def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module
                 positions: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain of k draft tokens from the predicted feature [1, H]: each token from the LM head
-    (`pick`: argmax, or a draw at uniforms[i]), each further feature from the head at
-    positions[i] ([k - 1]). Returns tokens [k] and q [k, V] (None when greedy)."""
+    (`pick`: argmax, or a draw at uniforms[i]; `sampling` may be a `PrefixPicker`), each further
+    feature from the head at positions[i] ([k - 1]). Returns tokens [k] and q [k, V] (None when greedy)."""
     tokens: list[torch.Tensor] = []
     rows: list[torch.Tensor] = []
     for i in range(k):
@@ -53,14 +53,14 @@ def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, 
     head step by head step."""
     n = chain_length(ctx, k)
     positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
-    if n == ctx.engine.max_draft:
+    if n == ctx.engine.max_draft and not ctx.sampling.reads_prefix:
         tokens, probs = steps.chain(eagle_chain, n - 1, feature, logits, embed, positions, uniforms, ctx.sampling, n)
         return cut_chain(tokens, probs, k)
 
     def head(embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor, cache: object) -> torch.Tensor:
         return steps(1, embeds, features, position)
 
-    tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, ctx.sampling, k)
+    tokens, probs = eagle_chain(head, None, feature, logits, embed, positions, uniforms, chain_sampling(ctx), k)
     return Draft(tokens, probs)
 
 
@@ -95,6 +95,8 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
     pairs = pending_pairs(ctx, steps.length, drafter, embed)
     rows = None if pairs is None else pending_rows(pairs[0].shape[0], ctx.engine.max_draft)
     if pairs is None or rows is None or (k if tree is not None else chain_length(ctx, k)) != ctx.engine.max_draft:
+        return None
+    if tree is None and ctx.sampling.reads_prefix:  # each draw from its own prefix: step by step, on the host
         return None
     if tree is not None:
         depth = tree_depth(tree, k)
@@ -156,5 +158,5 @@ def sampled_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: Dynami
         outputs.update(zip(nodes, out))
         return logits(out)  # (f, V)
 
-    draft, _ = grow_sampled_tree(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator)
+    draft, _ = grow_sampled_tree(logits(root)[0], expand, tree, k, ctx.sampling, ctx.generator, prefix_q(ctx))
     return draft

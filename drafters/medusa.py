@@ -279,6 +279,14 @@ class MedusaDrafter:
             return self._propose_tree(count)
         logits = self._logits()[:count]  # (k', V)
         if self.sample and not ctx.sampling.greedy:
+            if ctx.sampling.reads_prefix:  # head i's q from the committed ids and the i tokens drafted before it
+                drafted: list[int] = []
+                rows = []
+                for i in range(logits.shape[0]):
+                    q_i = ctx.probabilities(logits[i : i + 1], [drafted])  # (1, V)
+                    drafted.append(int(torch.multinomial(q_i[0], 1, generator=ctx.generator)))
+                    rows.append(q_i)
+                return Draft(torch.tensor(drafted, device=logits.device), torch.cat(rows))
             q = probabilities(logits, ctx.sampling)  # (k', V)
             tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)  # (k',)
             return Draft(tokens, q)

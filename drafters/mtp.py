@@ -29,10 +29,10 @@ from specdec.drafters.head_steps import HeadSteps
 from specdec.drafters.mtp_files import INDEX, SAFETENSORS, load_mtp, mtp_checkpoint_keys
 from specdec.drafters.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
-from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, tree_settings
+from specdec.drafters.tree_search import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, prefix_q, tree_settings
 from specdec.protocols import DraftContext
 from specdec.runtime.target import CausalLM
-from specdec.sampling import pick
+from specdec.sampling import chain_sampling, pick
 from specdec.trees import additive_mask
 from specdec.types import Draft, Sampling
 
@@ -91,7 +91,7 @@ class MtpDrafter:
     """Drafts with the MTP module stored in the target checkpoint at `path` (a directory or a hub id).
 
     sample=False drafts the argmax (no q); sample=True draws from the processed distribution
-    `specdec.sampling.probabilities(logits, ctx.sampling)` and reports it as q.
+    `ctx.probabilities` (the verifier's pipeline, from its own draft prefix) and reports it as q.
     tree=True drafts a dynamic tree instead (`specdec.drafters.tree_graph`, one step): the top_k tokens
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
     most probable nodes kept, depth levels at most (None: the loop's k), node values at
@@ -150,7 +150,8 @@ class MtpDrafter:
         sampled = self.sample and not ctx.sampling.greedy
         topk = None if sampled else self.tree  # a top-k tree, unless its siblings are sampled
         n = k if topk is not None else chain_length(ctx, k)  # a chain the budget's end cuts short: the usual one, cut
-        if n == ctx.engine.max_draft and (self.tree is None or topk is not None):  # catch-up and draft in one step
+        fused = topk is not None or (self.tree is None and not ctx.sampling.reads_prefix)
+        if n == ctx.engine.max_draft and fused:  # catch-up and draft in one step
             pairs = pending_pairs(ctx, self.cache_length, "mtp")
             rows = None if pairs is None else pending_rows(pairs[0].shape[0], n)
             if pairs is not None and rows is not None:
@@ -183,8 +184,8 @@ class MtpDrafter:
         if self.tree is not None:
             return self._sampled_tree(ctx, k, self._feature, self._logit_input)
         positions, uniforms = chain_inputs(ctx, n, sampled)
-        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, ctx.sampling, self._stages(n), n)
-        if n == ctx.engine.max_draft:  # the whole loop in one step (one graph when compiled), cut to k
+        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, chain_sampling(ctx), self._stages(n), n)
+        if n == ctx.engine.max_draft and not ctx.sampling.reads_prefix:  # the whole loop in one step, cut to k
             tokens, probs = self.steps.chain(mtp_chain, n - 1, *args)
             return cut_chain(tokens, probs, k)
 
@@ -221,7 +222,8 @@ class MtpDrafter:
             outputs.update(zip(nodes, fed_back))
             return lm_head(logit_input)  # (f, V)
 
-        draft, _ = grow_sampled_tree(lm_head(root_input)[0], expand, self.tree, k, ctx.sampling, ctx.generator)
+        draft, _ = grow_sampled_tree(lm_head(root_input)[0], expand, self.tree, k, ctx.sampling, ctx.generator,
+                                     prefix_q(ctx))
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:

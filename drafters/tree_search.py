@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.protocols import DraftContext
 from specdec.sampling import probabilities
 from specdec.types import Draft, Sampling
 
-__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow", "grow_sampled_tree", "grow_tree", "tree_settings"]
+__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow", "grow_sampled_tree", "grow_tree", "prefix_q",
+           "tree_settings"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class TreeSearch:
 
 
 Expand = Callable[[TreeSearch, list[int]], torch.Tensor]
+PrefixQ = Callable[[torch.Tensor, list[list[int]]], torch.Tensor]  # (logits [f, V], each row's draft path) -> q [f, V]
 
 
 def _add_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], top_k: int,
@@ -136,7 +139,8 @@ def grow_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, 
 
 
 def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int,
-                      sampling: Sampling, generator: torch.Generator) -> tuple[Draft, list[int]]:
+                      sampling: Sampling, generator: torch.Generator, prefix_q: PrefixQ | None = None
+                      ) -> tuple[Draft, list[int]]:
     """A tree of i.i.d. sampled siblings for temperature > 0 (SpecInfer's multi-step speculative
     sampling, Miao et al. 2024, §4.3): each node's children are independent draws from the
     drafter's processed distribution q there, reported as the draft's probs.
@@ -146,7 +150,8 @@ def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: Dynam
     min(depth, k) levels; at depth 1 the root gets that many draws (at most top_k), and at each
     further depth the most valuable nodes of the depth before (at most top_k of them) share the
     level's budget. Values (path probabilities at `value_temperature`) only choose which nodes
-    to expand, which may depend on anything drawn before.
+    to expand, which may depend on anything drawn before. With `prefix_q` (settings that read
+    the prefix) each expanded node's q is processed from its own path (`prefix_q`).
     """
     depth = min(k, settings.depth) if settings.depth is not None else k
     search = TreeSearch([], [], [], [])
@@ -165,7 +170,8 @@ def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: Dynam
             logits = expand(search, parents)
         counts = [min(settings.top_k, budget // len(parents) + (i < budget % len(parents)))
                   for i in range(len(parents))]
-        newest = _draw_children(search, logits, parents, counts, sampling, generator, settings.value_temperature)
+        newest = _draw_children(search, logits, parents, counts, sampling, generator, settings.value_temperature,
+                                prefix_q)
         if not newest:
             break
     probs = torch.stack(search.rows) if search.rows else None  # (n, V)
@@ -174,18 +180,37 @@ def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: Dynam
 
 
 def grow(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int, sampling: Sampling,
-         generator: torch.Generator, sampled: bool) -> tuple[Draft, list[int]]:
+         generator: torch.Generator, sampled: bool, prefix_q: PrefixQ | None = None) -> tuple[Draft, list[int]]:
     """The drafter's tree for this step: i.i.d. sampled siblings when `sampled` and the sampling is
-    not greedy, else the EAGLE-2 tree of top-k candidates."""
+    not greedy, else the EAGLE-2 tree of top-k candidates (deterministic: exact whatever q)."""
     if sampled and not sampling.greedy:
-        return grow_sampled_tree(root_logits, expand, settings, k, sampling, generator)
+        return grow_sampled_tree(root_logits, expand, settings, k, sampling, generator, prefix_q)
     return grow_tree(root_logits, expand, settings, k, root_logits.device)
 
 
+def prefix_q(ctx: DraftContext) -> PrefixQ | None:
+    """The q of a sampled tree's expanded nodes, each from its own path, when the settings read
+    the prefix (`ctx.probabilities`); None otherwise (every row processed alike)."""
+    return ctx.probabilities if ctx.sampling.reads_prefix else None
+
+
+def _path(search: TreeSearch, node: int) -> list[int]:
+    """The tokens from the root to `node` (-1: the root, no token), root side first."""
+    path: list[int] = []
+    while node >= 0:
+        path.append(search.tokens[node])
+        node = search.parents[node]
+    return path[::-1]
+
+
 def _draw_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], counts: list[int],
-                   sampling: Sampling, generator: torch.Generator, temperature: float) -> list[int]:
+                   sampling: Sampling, generator: torch.Generator, temperature: float,
+                   prefix_q: PrefixQ | None = None) -> list[int]:
     """Draw counts[i] i.i.d. children of parents[i] from the processed rows of logits [f, V]."""
-    q = probabilities(logits, sampling)  # (f, V)
+    if prefix_q is not None:
+        q = prefix_q(logits, [_path(search, parent) for parent in parents])  # (f, V)
+    else:
+        q = probabilities(logits, sampling)  # (f, V)
     log_values = torch.log_softmax(logits.float() / temperature, dim=-1)  # (f, V)
     made: list[int] = []
     for i, (parent, count) in enumerate(zip(parents, counts)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
@@ -10,6 +11,7 @@ import torch
 from specdec.types import Draft, Engine, Sampling
 
 if TYPE_CHECKING:
+    from specdec.processing import Pipeline, Prefixes
     from specdec.runtime.target import CausalLM
 
 __all__ = ["DraftContext", "Drafter", "forget"]
@@ -42,6 +44,8 @@ class DraftContext:
     budget: how many tokens this sequence may still emit, this step's included (None when the
         caller does not say); a drafter asked for fewer than the loop's k tokens tells from it
         whether the budget's end cut the draft short.
+    pipeline: the generation's sampling pipeline (`specdec.processing.Pipeline`); a drafter
+        reaches it through `probabilities` and `greedy_ids`.
     """
 
     tokens: torch.Tensor
@@ -54,6 +58,38 @@ class DraftContext:
     engine: Engine = Engine()
     extra_logits: torch.Tensor | None = None
     budget: int | None = None
+    pipeline: Pipeline | None = None
+
+    def probabilities(self, logits: torch.Tensor, drafted: Sequence[Sequence[int] | torch.Tensor] | None = None
+                      ) -> torch.Tensor:
+        """q by the pipeline the verifier applies to p: logits [m, V] -> distributions [m, V], row i
+        processed as if `drafted[i]` (the draft ids on its path, root side first) followed the
+        committed ids (None: every row follows the committed ids alone). One-hot at the processed
+        argmax when greedy. A sampled draft token must be drawn from its row."""
+        return self._pipeline().probabilities(logits, self._prefixes(logits, drafted))
+
+    def greedy_ids(self, logits: torch.Tensor, drafted: Sequence[Sequence[int] | torch.Tensor] | None = None
+                   ) -> torch.Tensor:
+        """The argmax of each row's processed scores [m], rows as for `probabilities`."""
+        return self._pipeline().argmax(logits, self._prefixes(logits, drafted))
+
+    def _pipeline(self) -> Pipeline:
+        if self.pipeline is None:
+            from specdec.processing import Pipeline
+
+            object.__setattr__(self, "pipeline", Pipeline(self.sampling, self.vocab_size, 0))
+        assert self.pipeline is not None
+        return self.pipeline
+
+    def _prefixes(self, logits: torch.Tensor, drafted: Sequence[Sequence[int] | torch.Tensor] | None) -> Prefixes | None:
+        if not self.sampling.reads_prefix:
+            return None
+        from specdec.processing import Prefixes
+
+        rows = logits.shape[0]
+        if drafted is not None and len(drafted) != rows:
+            raise ValueError(f"ctx.probabilities: {rows} logits rows but {len(drafted)} drafted prefixes")
+        return Prefixes.of(self.tokens, self._pipeline().prompt_length, drafted if drafted is not None else [[]] * rows)
 
 
 @runtime_checkable
@@ -100,7 +136,8 @@ class Drafter(Protocol):
     commit reaches the caller as a `specdec.verifier.DraftError` naming the drafter and the
     method, the original chained.
     A draft with `probs` promises its tokens were drawn from exactly those rows, after the
-    same sampling pipeline (`specdec.sampling.probabilities(logits, ctx.sampling)`).
+    same sampling pipeline (`ctx.probabilities(logits, drafted)`: each row from its own draft
+    prefix, as the verifier processes p).
     """
 
     name: ClassVar[str]

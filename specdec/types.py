@@ -4,8 +4,9 @@ runs its models as drafters see it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,16 +18,46 @@ CAPACITY_STEP = 256  # static caches are sized in multiples of this, so nearby l
 
 @dataclass(frozen=True)
 class Sampling:
-    """How logits become a next-token distribution, in transformers' order.
+    """How logits become a next-token distribution: the settings users know from transformers and
+    the OpenAI API, applied in one stated order (`specdec.processing`, whose docstring is the
+    reference) to the target's p at every verify position and to a drafter's q alike.
 
-    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+    temperature: 0 means greedy (the argmax of the processed logits); otherwise logits are divided by it.
     top_k: keep the k most likely tokens (ties at the cut kept); 0 disables.
     top_p: keep the smallest set whose probability reaches top_p; 1.0 disables.
+    min_p: drop tokens less likely than min_p times the most likely one (after temperature,
+        transformers' MinPLogitsWarper); 0 disables.
+    repetition_penalty: transformers' rule over every id of the prefix, prompt included: a
+        logit l of such an id becomes l / penalty when l > 0, l * penalty otherwise; 1.0 disables.
+    presence_penalty, frequency_penalty: the OpenAI rule over the generated ids only: a logit
+        drops by frequency_penalty * count + presence_penalty * (count > 0); 0 disables.
+    logit_bias: {token id: bias} added to the logits (-inf bans the id).
+    bad_words_ids: id sequences never generated (transformers' NoBadWordsLogitsProcessor: the
+        last id of a sequence is banned when the prefix ends with the rest of it).
+    no_repeat_ngram_size: no n-gram of this size occurs twice (transformers'
+        NoRepeatNGramLogitsProcessor); 0 disables.
+    logits_processors: transformers `LogitsProcessor`s (any callable (input_ids [1, L], scores
+        [1, V]) -> scores [1, V]), called as transformers calls them, one verify position at a
+        time with that position's whole prefix.
+    json_schema, regex, grammar: constrain the output to a JSON schema (a dict or its JSON
+        text), a regular expression, or an EBNF grammar (at most one; needs the target's
+        tokenizer, `specdec.generate(..., tokenizer=)`).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
+    bad_words_ids: Sequence[Sequence[int]] = ()
+    no_repeat_ngram_size: int = 0
+    logits_processors: Sequence[Any] = ()
+    json_schema: str | Mapping[str, Any] | None = None
+    regex: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -36,14 +67,131 @@ class Sampling:
             )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"Sampling.top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
-                or not (0.0 < self.top_p <= 1.0):
+        if not _number(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"Sampling.top_p must lie in (0, 1] (1 disables it), got {self.top_p!r}")
+        if not _number(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"Sampling.min_p must lie in [0, 1] (0 disables it), got {self.min_p!r}")
+        if not _number(self.repetition_penalty) or not (0.0 < self.repetition_penalty < math.inf):
+            raise ValueError("Sampling.repetition_penalty must be a finite number > 0 (1 disables it; above 1 "
+                             f"discourages repeats), got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not math.isfinite(value):
+                raise ValueError(f"Sampling.{name} must be a finite number (0 disables it), got {value!r}")
+        if isinstance(self.no_repeat_ngram_size, bool) or not isinstance(self.no_repeat_ngram_size, int) \
+                or self.no_repeat_ngram_size < 0:
+            raise ValueError("Sampling.no_repeat_ngram_size must be an int >= 0 (0 disables it), "
+                             f"got {self.no_repeat_ngram_size!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        object.__setattr__(self, "bad_words_ids", _bad_words(self.bad_words_ids))
+        object.__setattr__(self, "logits_processors", _processors(self.logits_processors))
+        object.__setattr__(self, "json_schema", _schema(self.json_schema))
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"Sampling.{name} must be a non-empty string or None, got {value!r}")
+        given = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"Sampling takes at most one constraint, got {' and '.join(given)}: combine them into "
+                             "one grammar")
 
     @property
     def greedy(self) -> bool:
         """True when decoding takes the argmax (temperature 0)."""
         return self.temperature == 0.0
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """("json_schema" | "regex" | "grammar", its text), or None when the output is unconstrained."""
+        for name in ("json_schema", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
+
+    @property
+    def counts_prefix(self) -> bool:
+        """A setting reads how often each id occurs in the prefix (the penalties)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def walks_prefix(self) -> bool:
+        """A setting reads the prefix's order on the host, one verify position at a time: a bad
+        word of several ids, no_repeat_ngram_size, a logits processor, a constraint."""
+        return (any(len(words) > 1 for words in self.bad_words_ids) or self.no_repeat_ngram_size > 0
+                or bool(self.logits_processors) or self.constraint is not None)
+
+    @property
+    def reads_prefix(self) -> bool:
+        """p depends on the prefix, so each verify position (tree node, batch row) gets its own."""
+        return self.counts_prefix or self.walks_prefix
+
+    @property
+    def plain(self) -> bool:
+        """Only temperature, top-k and top-p: the settings a compiled step applies by itself."""
+        return not self.reads_prefix and self.min_p == 0.0 and not self.logit_bias and not self.bad_words_ids
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """{id: bias} or ((id, bias), ...) as ((id, bias), ...) sorted by id."""
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(token, bias) for token, bias in items]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ValueError(f"Sampling.logit_bias must map token ids to biases ({{id: bias}}), got {value!r}") from None
+    for token, bias in pairs:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"Sampling.logit_bias keys must be token ids (ints >= 0), got {token!r}")
+        if not _number(bias) or math.isnan(bias) or bias == math.inf:
+            raise ValueError(f"Sampling.logit_bias[{token}] must be a finite number or -inf (a ban), got {bias!r}")
+    if len({token for token, _ in pairs}) != len(pairs):
+        raise ValueError(f"Sampling.logit_bias names a token id twice: {value!r}")
+    return tuple(sorted((token, float(bias)) for token, bias in pairs))
+
+
+def _bad_words(value: object) -> tuple[tuple[int, ...], ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"Sampling.bad_words_ids must be a list of id lists, got {value!r}")
+    words = []
+    for word in value:
+        if isinstance(word, (str, bytes)) or not isinstance(word, Sequence) or not word or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in word):
+            raise ValueError(f"Sampling.bad_words_ids must hold non-empty lists of token ids (ints >= 0), "
+                             f"got {word!r}")
+        words.append(tuple(word))
+    return tuple(words)
+
+
+def _processors(value: object) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):  # a LogitsProcessorList is a list
+        raise ValueError("Sampling.logits_processors must be a list of transformers LogitsProcessors (callables "
+                         f"(input_ids, scores) -> scores), got {value!r}")
+    for processor in value:
+        if not callable(processor):
+            raise ValueError(f"Sampling.logits_processors holds {processor!r}, which is not callable: give "
+                             "transformers LogitsProcessors or callables (input_ids, scores) -> scores")
+    return tuple(value)
+
+
+def _schema(value: object) -> str | None:
+    """A JSON schema as compact JSON text, its keys in the order given (a grammar engine emits an
+    object's properties in the schema's order, so the order is part of the schema)."""
+    import json
+
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(parsed, Mapping) and not isinstance(parsed, bool):
+            raise ValueError
+        return json.dumps(parsed, separators=(",", ":"))
+    except (TypeError, ValueError):
+        raise ValueError(f"Sampling.json_schema must be a JSON schema (a dict, or its JSON text), got "
+                         f"{str(value)[:200]!r}") from None
 
 
 @dataclass(frozen=True)

@@ -301,3 +301,25 @@ def test_every_model_command_takes_device_and_dtype(checkpoint: Checkpoint, tmp_
     assert run(argv) == 0, capsys.readouterr().err
     assert run([command, *common[:2], "--dtype", "float8"] + argv[len(common) + 1:]) == 2
     assert "float8" in capsys.readouterr().err
+
+
+def test_generate_takes_the_penalties_and_min_p_as_the_api_does(checkpoint: Checkpoint,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--temperature", "0.8", "--repetition-penalty", "1.3", "--presence-penalty", "0.5",
+             "--frequency-penalty", "0.2", "--min-p", "0.05", "--seed", "3"]
+    assert run(generate_args(checkpoint, "--drafter", "ngram", *flags)) == 0
+    text, _ = parse_output(capsys.readouterr().out)
+    sampling = Sampling(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2,
+                        min_p=0.05)
+    assert text == api_text(checkpoint, drafter=specdec.make_drafter("ngram"), sampling=sampling, seed=3)[0]
+
+
+def test_bad_sampling_flags_are_named(checkpoint: Checkpoint, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(generate_args(checkpoint, "--repetition-penalty", "0")) != 0
+    assert "repetition_penalty must be a finite number > 0" in capsys.readouterr().err
+    assert run(generate_args(checkpoint, "--json-schema", str(tmp_path / "missing.json"))) != 0
+    assert "missing.json' does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{nope")
+    assert run(generate_args(checkpoint, "--json-schema", str(tmp_path / "bad.json"))) != 0
+    assert "bad.json' is not JSON" in capsys.readouterr().err

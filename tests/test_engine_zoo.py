@@ -136,3 +136,16 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_target
             assert len(full) >= 5, f"{name}, tree={tree}: too few full drafts to judge: {drafts}"
             assert all(len(made) == 1 and made[0].endswith("catch-up and draft loop") for made in full), \
                 f"{name}, tree={tree}, compile={compile}: {full}"
+
+
+def test_settings_that_read_the_prefix_decode_compiled_as_eager(quick_target, zoo_drafter) -> None:
+    """Penalties and min-p run outside the compiled graphs (each verify row from its own prefix, the
+    drafters' chains step by step on the host): the compiled engine gives the eager tokens."""
+    model = quick_target
+    prompt = list(range(3, 40))
+    sampling = Sampling(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.4, min_p=0.05)
+    for name in ("draft-model", "eagle"):
+        runs = [specdec.generate(model, prompt, drafter=zoo_drafter(name, compile), num_draft_tokens=4,
+                                 max_new_tokens=30, sampling=sampling, seed=5, compile=compile).tokens
+                for compile in (False, True)]
+        assert runs[1] == runs[0], name

@@ -25,7 +25,8 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
 
     trace = Trace()
     result = generate(model, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=max_new_tokens,
-                      sampling=sampling, eos_token_id=eos, seed=seed, trace=trace, compile=compile)
+                      sampling=sampling, eos_token_id=eos, seed=seed, trace=trace, compile=compile,
+                      tokenizer=tokenizer)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids))

@@ -105,6 +105,8 @@ def step(run: BatchRun, start: float) -> None:
         keep_slots += [slot] * len(columns)
         keep_columns += columns
         row.tokens[row.length : row.length + emitted] = verdict.tokens[:emitted]
+        if row.pipeline is not None and row.pipeline.matcher is not None:
+            row.pipeline.commit(tokens[:emitted])
         row.length += emitted
         row.produced += emitted
         accepted = min(verdict.num_accepted, emitted)
@@ -197,7 +199,7 @@ def shrink(run: BatchRun) -> None:
 def _context(run: BatchRun, row: Row, hidden: torch.Tensor | None, accepted: tuple[int, ...],
              extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(row.tokens[: row.length], run.sampling, row.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine, extra_logits, run.max_new_tokens - row.produced)
+                        accepted, run.engine, extra_logits, run.max_new_tokens - row.produced, row.pipeline)
 
 
 def _totals(run: BatchRun, generations: list[Generation], prefill_seconds: float, wall_seconds: float) -> Stats:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from specdec.decoding.counters import Counters
+from specdec.processing.pipeline import Pipeline
 from specdec.protocols import DraftContext, Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
@@ -31,6 +32,7 @@ class Row:
     done: bool = False
     ctx: DraftContext | None = None
     wall_seconds: float = 0.0
+    pipeline: Pipeline | None = None  # the row's sampling pipeline (its own prefix, its own constraint state)
 
 
 @dataclass

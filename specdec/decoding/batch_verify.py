@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from specdec.decoding.batch_state import BatchRun, Checked, live_rows
-from specdec.sampling import probabilities
+from specdec.decoding.batch_state import BatchRun, Checked, Row, live_rows
+from specdec.processing import Prefixes, chain_paths, tree_paths
+from specdec.sampling import greedy_ids
 from specdec.trees import chain_parents, verify_layout
 from specdec.types import Draft, Verdict
 from specdec.verifier import DraftError, chain_verdict, greedy_verdicts, validate_draft, verify_tree, verify_tree_greedy
@@ -72,10 +73,12 @@ def row_verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor
               ) -> dict[int, Verdict]:
     """Each live slot's verdict. Greedy chains: all at once, one read of the numbers accepted,
     the argmax rows and the faults; otherwise row by row with the batch-1 verifier functions.
+    Each row's p comes from its own pipeline and, when the settings read it, its own prefix.
     Under ranks, a sampled row whose draft was not this rank's own has none (the leader's comes)."""
     live = live_rows(run)
+    if run.sampling.greedy:
+        argmax = _greedy_rows(run, drafts, logits)  # (S, R)
     if run.sampling.greedy and not tree:
-        argmax = logits.argmax(dim=-1)  # (S, R)
         lengths = torch.tensor(_lengths(run, drafts), device=argmax.device)  # (S,)
         num = greedy_verdicts(argmax, ids[:, 1:], lengths)  # (S,)
         faults = _faults(run, drafts)  # (S,)
@@ -87,12 +90,14 @@ def row_verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor
                 _name_fault(run, row.index, drafts[row.index].draft)
             out[slot] = Verdict(torch.tensor(read[slot][2 : 3 + accepted], device=ids.device), accepted)
         return out
-    host = logits.argmax(dim=-1).tolist() if run.sampling.greedy else None  # (S, R)
+    host = argmax.tolist() if run.sampling.greedy else None  # (S, R)
     out = {}
     for slot, row in live:
         checked = drafts.get(row.index)
         draft_ = Draft(ids[slot, :0]) if checked is None else checked.draft
         parents = None if checked is None else checked.parents
+        pipeline = row.pipeline
+        assert pipeline is not None
         if host is not None:
             argmax_row = host[slot]
             out[slot] = verify_tree_greedy(argmax_row.__getitem__, draft_.tokens,
@@ -100,11 +105,16 @@ def row_verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor
         elif checked is not None and not checked.own:
             continue  # the leader decides a row whose draft this rank did not draft
         elif parents is not None:
-            out[slot] = verify_tree(lambda r, s=slot: probabilities(logits[s, r], run.sampling), draft_.tokens,
-                                    parents, draft_.probs, row.generator)
+            n = draft_.tokens.shape[0]
+            if run.sampling.reads_prefix:  # every node's p from its own path, all at once
+                p = pipeline.probabilities(logits[slot, : n + 1], _prefixes(row, draft_.tokens, parents))
+                out[slot] = verify_tree(p.__getitem__, draft_.tokens, parents, draft_.probs, row.generator)
+            else:
+                out[slot] = verify_tree(lambda r, s=slot: pipeline.probabilities(logits[s, r][None], None)[0],
+                                        draft_.tokens, parents, draft_.probs, row.generator)
         else:
             n = draft_.tokens.shape[0]
-            p = probabilities(logits[slot, : n + 1], run.sampling)  # (n + 1, V)
+            p = pipeline.probabilities(logits[slot, : n + 1], _prefixes(row, draft_.tokens, None))  # (n + 1, V)
             num, tokens, acceptance, uniforms = chain_verdict(p, draft_.tokens, draft_.probs, row.generator)
             faults = checked.faults if checked is not None and checked.faults is not None else \
                 torch.zeros((), dtype=torch.bool, device=p.device)
@@ -113,6 +123,34 @@ def row_verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor
                 _name_fault(run, row.index, draft_)
             out[slot] = Verdict(tokens[: accepted + 1], accepted, acceptance, uniforms)
     return out
+
+
+def _greedy_rows(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor) -> torch.Tensor:
+    """The greedy id of every verify row of every slot [S, R]: the argmax of the logits, after the
+    bias and the bans, and, where the settings read the prefix, of each live row's processed
+    scores from its own prefixes."""
+    if run.sampling.plain:
+        return logits.argmax(dim=-1)
+    if not run.sampling.reads_prefix:
+        return greedy_ids(logits, run.sampling)
+    argmax = logits.argmax(dim=-1)  # (S, R); the live rows' processed below
+    for slot, row in live_rows(run):
+        checked = drafts.get(row.index)
+        tokens = row.tokens[:0] if checked is None else checked.draft.tokens
+        parents = None if checked is None else checked.parents
+        n = tokens.shape[0]
+        assert row.pipeline is not None
+        argmax[slot, : n + 1] = row.pipeline.argmax(logits[slot, : n + 1], _prefixes(row, tokens, parents))
+    return argmax
+
+
+def _prefixes(row: Row, tokens: torch.Tensor, parents: list[int] | None) -> Prefixes | None:
+    """The prefix of each verify row of `row`'s draft (a chain's or a tree's), when the settings read it."""
+    assert row.pipeline is not None
+    if not row.pipeline.reads_prefix:
+        return None
+    paths = chain_paths(tokens.shape[0]) if parents is None else tree_paths(parents)
+    return Prefixes.of_draft(row.tokens[: row.length], row.prompt_length, tokens, paths)
 
 
 def _lengths(run: BatchRun, drafts: dict[int, Checked]) -> list[int]:

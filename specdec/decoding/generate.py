@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from specdec.decoding.loop import Run, decode
+from specdec.processing.pipeline import Pipeline
 from specdec.protocols import Drafter
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace
 from specdec.types import Engine, Generation, Sampling, UNDECLARED_NODES
 from specdec.verifier import DraftError
 
-__all__ = ["generate"]
+__all__ = ["generate", "make_pipeline"]
 
 
 def generate(
@@ -29,6 +31,7 @@ def generate(
     seed: int | None = None,
     trace: Trace | None = None,
     compile: bool = False,
+    tokenizer: Any = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
 
@@ -40,12 +43,17 @@ def generate(
     are those of eager decoding. Graphs are kept for later calls with the same shapes; a model
     that cannot run on a static cache (Mamba2 layers, chunked or flash attention, a model
     transformers runs on dynamic caches only) decodes eagerly, with a warning saying why.
+    `tokenizer` (the target's) is needed by a constraint (`Sampling.json_schema`, `regex`,
+    `grammar`); a constrained generation also ends at the grammar's stop ids (the tokenizer's EOS).
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     prompt = _prompt(input_ids, lm, max_new_tokens)
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
+    pipeline = make_pipeline(sampling, lm.vocab_size, prompt.shape[0], tokenizer)
+    if pipeline.matcher is not None:
+        stop_ids |= frozenset(pipeline.matcher.stop_ids)
     if compile and lm.static_obstacle is not None:
         warnings.warn(f"specdec: {type(lm.model).__name__} decodes eagerly: {lm.static_obstacle}", stacklevel=2)
     k = num_draft_tokens if resolved is not None else 0
@@ -57,8 +65,19 @@ def generate(
         tokens[: prompt.shape[0]] = prompt
         stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device) if stop_ids else None
         run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
-                  stop, engine, tokens, prompt.shape[0], trace)
+                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline)
         return decode(run)
+
+
+def make_pipeline(sampling: Sampling, vocab_size: int, prompt_length: int, tokenizer: Any) -> Pipeline:
+    """The generation's sampling pipeline, with its constraint's matcher when it has one."""
+    matcher = None
+    if sampling.constraint is not None:
+        from specdec.processing.constraint import Matcher, compile_constraint
+
+        kind, text = sampling.constraint
+        matcher = Matcher(compile_constraint(kind, text, tokenizer, vocab_size), vocab_size)
+    return Pipeline(sampling, vocab_size, prompt_length, matcher)
 
 
 def check_settings(sampling: Sampling, num_draft_tokens: int, max_new_tokens: int, compile: bool,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -12,7 +13,7 @@ from specdec.decoding.batch_loop import decode_batch
 from specdec.decoding.batch_state import BatchRun, Row
 from specdec.decoding.counters import Counters
 from specdec.decoding.generate import (_drafter_name, _eos_ids, _prompt, _resolve_drafter, agreed_seed, check_settings,
-                                       engine_for)
+                                       engine_for, make_pipeline)
 from specdec.protocols import Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
@@ -33,6 +34,7 @@ def generate_batch(
     eos_token_id: int | Sequence[int] | None = None,
     seed: int | None = None,
     compile: bool = False,
+    tokenizer: Any = None,
 ) -> BatchGenerations:
     """Generate up to `max_new_tokens` tokens after each prompt, all rows in one target forward per step.
 
@@ -44,6 +46,8 @@ def generate_batch(
     random numbers from its own generator, seeded with `seed + i`. The drafter drafts every row:
     batched drafters (`propose_batch`) at once, any other drafter with one instance per row
     (`specdec.decoding.batch_drafters`). `compile=True` runs the steps compiled, on a few batch shapes.
+    Settings that read the prefix (penalties, processors, a constraint, which needs `tokenizer`)
+    process each row from its own history, with its own constraint state.
 
     Returns one Generation per prompt, in order, with its row's Stats; `.totals` has the batch's.
     """
@@ -79,7 +83,10 @@ def generate_batch(
             tokens[: prompt.shape[0]] = prompt
             generator = torch.Generator(device=lm.device)
             generator.manual_seed(base + i)
-            rows.append(Row(i, tokens, prompt.shape[0], generator, Counters(k)))
+            pipeline = make_pipeline(sampling, lm.vocab_size, prompt.shape[0], tokenizer)
+            rows.append(Row(i, tokens, prompt.shape[0], generator, Counters(k), pipeline=pipeline))
+            if pipeline.matcher is not None:
+                stop_ids |= frozenset(pipeline.matcher.stop_ids)
         run = BatchRun(batch_target, lm, None if resolved is None else batched(resolved, name, len(rows)), resolved,
                        name, k, max_new_tokens, sampling, stop_ids, engine, rows, buckets=batch_target.compiled)
         return decode_batch(run)

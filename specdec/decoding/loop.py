@@ -33,7 +33,8 @@ from specdec.distributed.agreement import agree_draft, agree_verdict
 from specdec.protocols import DraftContext, Drafter
 from specdec.runtime.target import CausalLM
 from specdec.runtime.tree_logits import TreeLogits
-from specdec.sampling import probabilities
+from specdec.processing import Prefixes, chain_paths, tree_paths
+from specdec.processing.pipeline import Pipeline
 from specdec.teaching.trace import CacheLengths, Trace
 from specdec.trees import chain_parents, depths, first_path
 from specdec.types import Draft, Engine, Generation, Sampling, Verdict
@@ -67,6 +68,7 @@ class Run:
     warned: bool = False  # the tree fallback's warning, once per run
     warned_extra: bool = False  # the warning that extra rows are dropped, once per run
     layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
+    pipeline: Pipeline | None = None  # the sampling pipeline (`specdec.processing`); built at prefill when None
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ def prefill(run: Run) -> None:
     width = len(run.layers) * lm.hidden_size
     hidden = torch.empty(0, width, dtype=lm.dtype, device=lm.device) if run.layers else None
     run.length = run.prompt_length
+    if run.pipeline is None:
+        run.pipeline = Pipeline(run.sampling, lm.vocab_size, run.prompt_length)
     if run.length > 1:  # eager: the prompt's length varies from call to call
         _, hidden = lm.forward(run.tokens[: run.length - 1], keep=1, hidden=run.layers)
     run.counters = Counters(run.k)
@@ -189,8 +193,7 @@ def verify(run: Run, proposal: Proposal) -> Block:
         tree = run.lm.forward_tree(run.tokens[run.length - 1 : run.length + n], proposal.parents,
                                    rows=run.engine.tree_rows(n), hidden=run.layers,
                                    extra=None if extra is None else extra.padded(run.engine.extra_rows))
-        verdict = _verify_tree(tree, proposal.draft, proposal.parents, run.sampling, run.generator) \
-            if proposal.own else None
+        verdict = _verify_tree(run, tree, proposal.draft, proposal.parents) if proposal.own else None
         stop_at = int(first_stop(verdict.tokens, torch.tensor(verdict.num_accepted), run.stop)) \
             if verdict is not None else 0
         hidden, shown = tree.states, tree
@@ -222,10 +225,13 @@ def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
     if not proposal.own:
         return None, 0, hidden, logits
     uniforms = None
+    prefixes = draft_prefixes(run, drafted, None)
+    assert run.pipeline is not None
     if run.sampling.greedy:
-        num, out, acceptance = greedy_verdict(logits.argmax(dim=-1), drafted)
+        argmax = logits.argmax(dim=-1) if run.sampling.plain else run.pipeline.argmax(logits, prefixes)
+        num, out, acceptance = greedy_verdict(argmax, drafted)
     else:
-        num, out, acceptance, uniforms = chain_verdict(probabilities(logits, run.sampling), drafted,
+        num, out, acceptance, uniforms = chain_verdict(run.pipeline.probabilities(logits, prefixes), drafted,
                                                        proposal.draft.probs, run.generator)
     faults = proposal.faults if proposal.faults is not None else torch.zeros((), dtype=torch.bool, device=lm.device)
     accepted, stop_at, broken = torch.stack([num, first_stop(out, num, run.stop), faults.long()]).tolist()
@@ -248,6 +254,8 @@ def commit(run: Run, proposal: Proposal, block: Block) -> float:
         rows = [0] + [node + 1 for node in verdict.accepted_nodes][: m - 1]  # the root, then the path
         run.lm.keep_path(base, rows)
         hidden = None if block.hidden is None else block.hidden[rows]
+    assert run.pipeline is not None
+    run.pipeline.commit(run.tokens[run.length : run.length + m].tolist() if run.pipeline.matcher is not None else [])
     run.length += m
     run.produced += m
     committed = verdict.accepted_nodes[: min(verdict.num_accepted, m)]
@@ -269,8 +277,9 @@ def record(run: Run, proposal: Proposal, block: Block, commit_seconds: float) ->
     run.counters.step(n, reached, block.verdict.num_accepted, draft_seconds, block.seconds)
     if run.trace is not None:
         shown = block.shown.all() if isinstance(block.shown, TreeLogits) else block.shown
-        run.trace.record(proposal.draft, shown, run.sampling, block.verdict, block.emitted, draft_seconds,
-                         block.seconds, proposal.parents, _cache_lengths(run, proposal, block))
+        run.trace.record(proposal.draft, shown, run.pipeline, _shown_prefixes(run, proposal, block), block.verdict,
+                         block.emitted, draft_seconds, block.seconds, proposal.parents,
+                         _cache_lengths(run, proposal, block))
 
 
 def _cache_lengths(run: Run, proposal: Proposal, block: Block) -> CacheLengths:
@@ -335,18 +344,50 @@ def _first_path(run: Run, proposed: Draft, parents: list[int]) -> tuple[Draft, l
     return Draft(proposed.tokens[nodes], probs), nodes
 
 
-def _verify_tree(tree: TreeLogits, draft_: Draft, parents: list[int], sampling: Sampling,
-                 generator: torch.Generator) -> Verdict:
+def _verify_tree(run: Run, tree: TreeLogits, draft_: Draft, parents: list[int]) -> Verdict:
+    """The tree's verdict; each node's p from its own path when the settings read the prefix
+    (all rows at once then: a constraint's matcher walks the tree once)."""
+    pipeline, sampling = run.pipeline, run.sampling
+    assert pipeline is not None
+    if sampling.reads_prefix:
+        logits = tree.all()  # (n + 1, V)
+        prefixes = draft_prefixes(run, draft_.tokens, parents)
+        if sampling.greedy:
+            argmax = pipeline.argmax(logits, prefixes).tolist()
+            return verify_tree_greedy(argmax.__getitem__, draft_.tokens, parents)
+        p = pipeline.probabilities(logits, prefixes)  # (n + 1, V)
+        return verify_tree(p.__getitem__, draft_.tokens, parents, draft_.probs, run.generator)
     if sampling.greedy:
-        return verify_tree_greedy(tree.argmax, draft_.tokens, parents)
-    return verify_tree(lambda row: probabilities(tree.row(row), sampling), draft_.tokens, parents, draft_.probs,
-                       generator)
+        if sampling.plain:
+            return verify_tree_greedy(tree.argmax, draft_.tokens, parents)
+        return verify_tree_greedy(lambda row: int(pipeline.argmax(tree.row(row)[None], None)), draft_.tokens, parents)
+    return verify_tree(lambda row: pipeline.probabilities(tree.row(row)[None], None)[0], draft_.tokens, parents,
+                       draft_.probs, run.generator)
+
+
+def draft_prefixes(run: Run, draft_tokens: torch.Tensor, parents: list[int] | None) -> Prefixes | None:
+    """Each verify row's prefix (the committed ids, then the row's draft path), when the settings
+    read it; None otherwise."""
+    if not run.sampling.reads_prefix:
+        return None
+    paths = chain_paths(draft_tokens.shape[0]) if parents is None else tree_paths(parents)
+    return Prefixes.of_draft(run.tokens[: run.length], run.prompt_length, draft_tokens, paths)
+
+
+def _shown_prefixes(run: Run, proposal: Proposal, block: Block) -> Prefixes | None:
+    """The traced rows' prefixes as the verify had them (the commit has since moved run.length)."""
+    if not run.sampling.reads_prefix:
+        return None
+    n = proposal.draft.tokens.shape[0]
+    paths = chain_paths(n) if proposal.parents is None else tree_paths(proposal.parents)
+    committed = run.tokens[: run.length - block.emitted]
+    return Prefixes.of_draft(committed, run.prompt_length, proposal.draft.tokens, paths)
 
 
 def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...],
              extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(run.tokens[: run.length], run.sampling, run.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine, extra_logits, run.max_new_tokens - run.produced)
+                        accepted, run.engine, extra_logits, run.max_new_tokens - run.produced, run.pipeline)
 
 
 def _call(run: Run, method: str, *args: Any) -> Any:

@@ -11,12 +11,15 @@ the target's probability at temperature 1 (for reading), `accept` is 1 or 0 and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.sampling import probabilities
 from specdec.trees import children
-from specdec.types import Draft, Sampling, Verdict
+from specdec.types import Draft, Verdict
+
+if TYPE_CHECKING:
+    from specdec.processing import Pipeline, Prefixes
 
 __all__ = ["CacheLengths", "Trace", "TraceStep", "TraceToken"]
 
@@ -71,16 +74,22 @@ class Trace:
     steps: list[TraceStep] = field(default_factory=list)
     prefill_seconds: float = 0.0
 
-    def record(self, draft: Draft, logits: torch.Tensor, sampling: Sampling, verdict: Verdict, emitted: int,
-               draft_seconds: float, verify_seconds: float, parents: list[int] | None = None,
-               caches: CacheLengths | None = None) -> None:
+    def record(self, draft: Draft, logits: torch.Tensor, pipeline: Pipeline, prefixes: Prefixes | None,
+               verdict: Verdict, emitted: int, draft_seconds: float, verify_seconds: float,
+               parents: list[int] | None = None, caches: CacheLengths | None = None) -> None:
         """Add one step; `emitted` is how many of the verdict's tokens the loop kept (EOS, budget).
+        `logits` [n + 1, V] are the verify rows' and `prefixes` their prefixes (None when the
+        settings read none): p is shown as the verifier computed it (greedy: the softmax of the
+        processed scores, whose argmax it took).
 
         For a tree (`parents` given) the step lists, level by level, each candidate the verifier
         tried (the rejected siblings, then the accepted one), with p read at its parent's row.
         """
         n = int(draft.tokens.shape[0])
-        shown = logits.float().softmax(-1) if sampling.greedy else probabilities(logits, sampling)  # (n+1, V)
+        if pipeline.sampling.greedy:
+            shown = pipeline.scores(logits, prefixes).float().softmax(-1)  # (n+1, V)
+        else:
+            shown = pipeline.probabilities(logits, prefixes)
         drafted = draft.tokens.tolist()
         tried = _tried(parents, verdict) if parents is not None else [
             (i, i, "accepted" if i < verdict.num_accepted else "rejected")

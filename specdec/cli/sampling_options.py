@@ -1,0 +1,47 @@
+"""The sampling flags the commands share (`--temperature` ... `--json-schema FILE`, `--regex`), and
+the `specdec.Sampling` they make."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specdec.cli.common import CLIError
+from specdec.errors import one_line
+from specdec.types import Sampling
+
+__all__ = ["add_penalty_options", "sampling_from"]
+
+
+def add_penalty_options(parser: argparse.ArgumentParser) -> None:
+    """The settings beyond temperature, top-k and top-p (docs/learn.md, "Sampling settings")."""
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop ids below min-p times the top one (0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="transformers' rule over the whole prefix (1.0: off)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="the OpenAI rule over the generated ids (0: off)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="the OpenAI rule over the generated ids (0: off)")
+    parser.add_argument("--json-schema", metavar="FILE", default=None,
+                        help="constrain the output to the JSON schema in FILE")
+    parser.add_argument("--regex", default=None, help="constrain the output to a regular expression")
+
+
+def sampling_from(args: argparse.Namespace, temperature: float) -> Sampling:
+    """The Sampling of the flags; a bad value or an unreadable schema file is a CLIError naming it."""
+    schema = None
+    if args.json_schema is not None:
+        path = Path(args.json_schema)
+        if not path.is_file():
+            raise CLIError(f"--json-schema {args.json_schema!r} does not exist; give a file holding a JSON schema")
+        try:
+            schema = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CLIError(f"--json-schema {args.json_schema!r} is not JSON: {one_line(error)}") from None
+    try:
+        return Sampling(temperature=temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                        frequency_penalty=args.frequency_penalty, json_schema=schema, regex=args.regex)
+    except ValueError as error:
+        raise CLIError(one_line(error)) from None
