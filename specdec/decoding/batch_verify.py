@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from specdec.decoding.batch_state import BatchRun, Checked, Row, live_rows
-from specdec.processing import Prefixes, chain_paths, tree_paths
+from specdec.processing import Prefixes
 from specdec.sampling import greedy_ids
 from specdec.trees import chain_parents, verify_layout
 from specdec.types import Draft, Verdict
@@ -149,8 +149,7 @@ def _prefixes(row: Row, tokens: torch.Tensor, parents: list[int] | None) -> Pref
     assert row.pipeline is not None
     if not row.pipeline.reads_prefix:
         return None
-    paths = chain_paths(tokens.shape[0]) if parents is None else tree_paths(parents)
-    return Prefixes.of_draft(row.tokens[: row.length], row.prompt_length, tokens, paths)
+    return Prefixes.of_verify(row.tokens[: row.length], row.prompt_length, tokens, parents)
 
 
 def _lengths(run: BatchRun, drafts: dict[int, Checked]) -> list[int]:

@@ -33,7 +33,7 @@ from specdec.distributed.agreement import agree_draft, agree_verdict
 from specdec.protocols import DraftContext, Drafter
 from specdec.runtime.target import CausalLM
 from specdec.runtime.tree_logits import TreeLogits
-from specdec.processing import Prefixes, chain_paths, tree_paths
+from specdec.processing import Prefixes
 from specdec.processing.pipeline import Pipeline
 from specdec.teaching.trace import CacheLengths, Trace
 from specdec.trees import chain_parents, depths, first_path
@@ -370,18 +370,15 @@ def draft_prefixes(run: Run, draft_tokens: torch.Tensor, parents: list[int] | No
     read it; None otherwise."""
     if not run.sampling.reads_prefix:
         return None
-    paths = chain_paths(draft_tokens.shape[0]) if parents is None else tree_paths(parents)
-    return Prefixes.of_draft(run.tokens[: run.length], run.prompt_length, draft_tokens, paths)
+    return Prefixes.of_verify(run.tokens[: run.length], run.prompt_length, draft_tokens, parents)
 
 
 def _shown_prefixes(run: Run, proposal: Proposal, block: Block) -> Prefixes | None:
     """The traced rows' prefixes as the verify had them (the commit has since moved run.length)."""
     if not run.sampling.reads_prefix:
         return None
-    n = proposal.draft.tokens.shape[0]
-    paths = chain_paths(n) if proposal.parents is None else tree_paths(proposal.parents)
     committed = run.tokens[: run.length - block.emitted]
-    return Prefixes.of_draft(committed, run.prompt_length, proposal.draft.tokens, paths)
+    return Prefixes.of_verify(committed, run.prompt_length, proposal.draft.tokens, proposal.parents)
 
 
 def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...],

@@ -45,6 +45,13 @@ class Prefixes:
         suffixes = torch.where(index >= 0, draft[index.clamp(min=0)] if draft.numel() else index, -1)
         return cls(committed, prompt_length, suffixes)
 
+    @classmethod
+    def of_verify(cls, committed: torch.Tensor, prompt_length: int, draft: torch.Tensor,
+                  parents: Sequence[int] | None) -> Prefixes:
+        """The rows of a draft's verify: a chain's (parents None) or a tree's (`tree_paths`)."""
+        paths = chain_paths(draft.shape[0]) if parents is None else tree_paths(parents)
+        return cls.of_draft(committed, prompt_length, draft, paths)
+
     @property
     def rows(self) -> int:
         return self.suffixes.shape[0]
