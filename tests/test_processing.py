@@ -11,22 +11,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    MinPLogitsWarper,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SequenceBiasLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import LogitsProcessor, LogitsProcessorList
 
 import specdec
 from specdec import Sampling
 from specdec.processing import Pipeline, Prefixes, ProcessorError, chain_paths, tree_paths
+from reference_sampling import transformers_processors, word_tokenizer
 from tiny import ARCHITECTURES, tiny_model
 
 VOCAB = 64
@@ -86,40 +76,6 @@ SETTINGS = {
     "processor": Sampling(temperature=0.6, top_p=0.9, logits_processors=[EvenAfterOdd()], repetition_penalty=0.8),
     "greedy-penalised": Sampling(repetition_penalty=1.5, bad_words_ids=[[14, 22]], logits_processors=[EvenAfterOdd()]),
 }
-
-
-def transformers_processors(s: Sampling, prompt_length: int) -> LogitsProcessorList:
-    """transformers' own list for the shared settings, in `generate`'s order; the OpenAI penalties
-    (which transformers lacks) by their rule, beside the repetition penalty."""
-
-    class OpenAIPenalties(LogitsProcessor):
-        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-            counts = torch.zeros_like(scores)
-            counts.scatter_add_(1, input_ids[:, prompt_length:], torch.ones_like(input_ids[:, prompt_length:],
-                                                                                 dtype=scores.dtype))
-            return scores - s.frequency_penalty * counts - s.presence_penalty * (counts > 0).to(scores.dtype)
-
-    out = LogitsProcessorList()
-    if s.logit_bias:
-        out.append(SequenceBiasLogitsProcessor({(token,): bias for token, bias in s.logit_bias}))
-    if s.repetition_penalty != 1.0:
-        out.append(RepetitionPenaltyLogitsProcessor(s.repetition_penalty))
-    if s.presence_penalty or s.frequency_penalty:
-        out.append(OpenAIPenalties())
-    if s.no_repeat_ngram_size:
-        out.append(NoRepeatNGramLogitsProcessor(s.no_repeat_ngram_size))
-    if s.bad_words_ids:
-        out.append(NoBadWordsLogitsProcessor([list(w) for w in s.bad_words_ids]))
-    out.extend(s.logits_processors)
-    if not s.greedy:
-        out.append(TemperatureLogitsWarper(float(s.temperature)))
-        if s.top_k:
-            out.append(TopKLogitsWarper(s.top_k))
-        if s.top_p < 1.0:
-            out.append(TopPLogitsWarper(s.top_p))
-        if s.min_p:
-            out.append(MinPLogitsWarper(s.min_p))
-    return out
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -316,3 +272,34 @@ def test_a_rejected_draft_leaves_the_matcher_as_it_was(draft: list[int], committ
     matcher.masks(Prefixes.of_draft(ids, 0, tokens, tree_paths(parents)))
     assert torch.equal(matcher.masks(Prefixes.of(ids, 0, [[]])), before)
     matcher.advance(valid)  # and it still accepts what follows the committed ids
+
+
+def test_an_output_at_a_dead_end_of_the_grammar_is_refused_with_the_reason() -> None:
+    """"ab" may start "abd", which no id of this vocabulary finishes: plain sampling and speculation
+    both stop there with a ConstraintError that says so."""
+    from specdec.processing.constraint import ConstraintError
+
+    tokenizer = word_tokenizer(["ab", "c", "</s>"])
+    model = tiny_model("llama", vocab_size=3, seed=0)
+    sampling = Sampling(regex="abd|c", logit_bias={0: 50.0})  # greedy, "ab" first
+    for drafter in (None, "ngram"):
+        with pytest.raises(ConstraintError, match="allows no id of the tokenizer's vocabulary after the output"):
+            specdec.generate(model, [0, 1, 0, 1], drafter=drafter, max_new_tokens=4, sampling=sampling,
+                             tokenizer=tokenizer)
+
+
+def test_a_drafter_row_the_grammar_leaves_no_id_is_its_raw_row() -> None:
+    """A drafter whose vocabulary holds none of the ids the grammar allows gets its raw distribution
+    (any q is exact; its draws meet p = 0), never a row of NaN; the target's row keeps its mask."""
+    from specdec.processing.constraint import Matcher, compile_constraint
+
+    tokenizer = word_tokenizer(["[", "1", "]", "</s>"])
+    sampling = Sampling(temperature=1.0, regex=r"\[1\]")
+    matcher = Matcher(compile_constraint("regex", sampling.regex, tokenizer, 4), 4)
+    pipeline = Pipeline(sampling, 4, 2, matcher)
+    ctx = specdec.DraftContext(torch.tensor([1, 2]), sampling, torch.Generator(), None, 4, pipeline=pipeline)
+    logits = torch.tensor([[float("-inf"), 1.0, 2.0, 0.0]], dtype=torch.float64)  # "[" outside the drafter's ids
+    torch.testing.assert_close(ctx.probabilities(logits), logits.softmax(-1))
+    assert int(ctx.greedy_ids(logits)[0]) == 2
+    target = pipeline.probabilities(logits.nan_to_num(neginf=-1.0), Prefixes.of(torch.tensor([1, 2]), 2, [[]]))
+    assert target[0].tolist() == [1.0, 0.0, 0.0, 0.0]

@@ -33,8 +33,8 @@ def compile_constraint(kind: str, text: str, tokenizer: Any, vocab_size: int) ->
     compiled grammars are cached per tokenizer and vocabulary size."""
     compiler = _compiler(_TokenizerKey(tokenizer), vocab_size)
     try:
-        if kind == "json_schema":  # compact JSON: whitespace a model could pad with forever is not offered
-            return compiler.compile_json_schema(text, any_whitespace=False)
+        if kind == "json_schema":  # one line as json.dumps writes it (", " and ": "): whitespace a model
+            return compiler.compile_json_schema(text, any_whitespace=False)  # could pad with forever is not offered
         if kind == "regex":
             return compiler.compile_regex(text)
         return compiler.compile_grammar(text)
@@ -90,11 +90,21 @@ class Matcher:
         return list(self._matcher.stop_token_ids)
 
     def advance(self, tokens: list[int]) -> None:
-        """Accept committed ids (they were drawn from masked distributions, so the grammar allows them)."""
+        """Accept committed ids (they were drawn from masked distributions, so the grammar allows them).
+
+        An output can reach a dead end: a state where the grammar goes on but no id of the vocabulary
+        spells any of its continuations (the engine allows an id whose text the grammar can extend,
+        not one that some ids can finish). Plain sampling fails there too; the id after it is refused
+        with that reason."""
         for token in tokens:
             if self._matcher.is_terminated():
                 return  # past the stop id: the generation has ended
             if not self._matcher.accept_token(int(token)):
+                if not self._mask().any():
+                    raise ConstraintError(f"the constraint allows no id of the tokenizer's vocabulary after the "
+                                          "output so far: the vocabulary cannot spell what the grammar needs next "
+                                          f"(id {token} was drawn from the unconstrained row); give a constraint "
+                                          "this tokenizer can finish")
                 raise ConstraintError(f"the constraint's matcher rejected committed id {token}: the output left "
                                       "the grammar (a drafter or processor changed committed ids?)")
 
@@ -120,7 +130,7 @@ class Matcher:
                 current.append(token)
             if reached and not matcher.is_terminated():
                 mask = self._mask()
-                if mask.any():  # (a state that allows nothing is never reached by a committed prefix)
+                if mask.any():  # a dead end stays unmasked: committing any id there fails (`advance`)
                     allowed[r] = mask
         if current:
             matcher.rollback(len(current))

@@ -79,18 +79,21 @@ class Pipeline:
             scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
         return scores
 
-    def probabilities(self, logits: torch.Tensor, prefixes: Prefixes | None) -> torch.Tensor:
+    def probabilities(self, logits: torch.Tensor, prefixes: Prefixes | None, *, draft: bool = False) -> torch.Tensor:
         """The distributions [R, V]: one-hot at the processed argmax when greedy, else the
-        warped scores' softmax."""
+        warped scores' softmax. `draft`: a drafter's q (`_drafter_scores`)."""
         scores = self.scores(logits, prefixes)
+        if draft:
+            scores = _drafter_scores(scores, logits)
         if self.sampling.greedy:
             one_hot = torch.zeros(scores.shape, dtype=scores.dtype, device=scores.device)
             return one_hot.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
         return warp(scores, self.sampling).softmax(dim=-1)
 
-    def argmax(self, logits: torch.Tensor, prefixes: Prefixes | None) -> torch.Tensor:
-        """Greedy ids [R]: the argmax of each row's processed scores."""
-        return self.scores(logits, prefixes).argmax(dim=-1)
+    def argmax(self, logits: torch.Tensor, prefixes: Prefixes | None, *, draft: bool = False) -> torch.Tensor:
+        """Greedy ids [R]: the argmax of each row's processed scores (`draft`: a drafter's)."""
+        scores = self.scores(logits, prefixes)
+        return (_drafter_scores(scores, logits) if draft else scores).argmax(dim=-1)
 
     def commit(self, tokens: list[int]) -> None:
         """The ids just committed (the constraint's matcher advances over them)."""
@@ -135,6 +138,15 @@ class Pipeline:
                 row = _call(processor, ids, row)
             rows.append(row)
         return torch.cat(rows)
+
+
+def _drafter_scores(scores: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A drafter's rows: where the settings leave a row no id (a grammar allowing none of the ids
+    a drafter's smaller vocabulary holds, its other logits -inf), the row's raw logits instead.
+    Any q keeps the verifier exact as long as the draft is drawn from it; those draws get p = 0
+    and are rejected, where a row of no mass would have no distribution to draw from."""
+    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (R, 1)
+    return torch.where(empty, logits.to(scores.dtype), scores)
 
 
 def _call(processor: Any, ids: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
