@@ -184,16 +184,18 @@ class MtpDrafter:
         if self.tree is not None:
             return self._sampled_tree(ctx, k, self._feature, self._logit_input)
         positions, uniforms = chain_inputs(ctx, n, sampled)
-        args = (out, target.lm_head, target.embed_tokens, positions, uniforms, chain_sampling(ctx), self._stages(n), n)
         if n == ctx.engine.max_draft and not ctx.sampling.reads_prefix:  # the whole loop in one step, cut to k
-            tokens, probs = self.steps.chain(mtp_chain, n - 1, *args)
+            tokens, probs = self.steps.chain(mtp_chain, n - 1, out, target.lm_head, target.embed_tokens, positions,
+                                             uniforms, ctx.sampling, self._stages(n), n)
             return cut_chain(tokens, probs, k)
 
         def head(stage: int, embeds: torch.Tensor, features: torch.Tensor, position: torch.Tensor,
                  cache: object) -> tuple[torch.Tensor, torch.Tensor]:  # a shorter chain (k=auto): stage by stage
             return self.steps(1, stage, embeds, features, position)
 
-        tokens, probs = mtp_chain(head, None, *args)
+        # k tokens, not the whole loop's n: drafted step by step, nothing is drawn to be cut away
+        tokens, probs = mtp_chain(head, None, out, target.lm_head, target.embed_tokens, positions, uniforms,
+                                  chain_sampling(ctx), self._stages(k), k)
         return Draft(tokens, probs)
 
     def _stages(self, k: int) -> tuple[int, ...]:

@@ -144,7 +144,7 @@ def test_settings_that_read_the_prefix_decode_compiled_as_eager(quick_target, zo
     model = quick_target
     prompt = list(range(3, 40))
     sampling = Sampling(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.4, min_p=0.05)
-    for name in ("draft-model", "eagle"):
+    for name in ("draft-model", "eagle", "mtp"):
         runs = [specdec.generate(model, prompt, drafter=zoo_drafter(name, compile), num_draft_tokens=4,
                                  max_new_tokens=30, sampling=sampling, seed=5, compile=compile).tokens
                 for compile in (False, True)]

@@ -22,6 +22,10 @@ def _arguments(name: str, cache: str, tmp_path: Path) -> list[str]:
         "trace_a_run.py": [*quick, "--new-tokens", "8", "--out", str(tmp_path / "trace.html")],
         "verify_probe.py": quick,
         "train_a_drafter.py": [*quick, "--steps", "2", "--out", str(tmp_path)],
+        "structured_output.py": [*quick, "--drafter", "ngram", "--drafter", "suffix", "--max-new-tokens", "12",
+                                 "--repeats", "1", "--warmup", "0", "--eager", "--out", str(tmp_path)],
+        "sampling_cost.py": ["--tokenizer", str(Path(cache).glob("quick-*/tokenizer").__next__()), "--vocab",
+                             "--repeats", "2"],
         "grammar_engines.py": ["--tokenizer", str(Path(cache).glob("quick-*/tokenizer").__next__()), "--repeats", "1"],
     }[name]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
-from specdec.bench.peers import hf_generate_batch
+from specdec.bench.peers import hf_generate_batch, hf_missing
 from specdec.bench.report import NOISE_BOUND, over_rounds
 from specdec.bench.runner import Contender
 from specdec.decoding.generate_batch import generate_batch
@@ -60,10 +60,13 @@ class BatchCurveConfig:
 
 
 def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: BatchCurveConfig,
-              advance: Callable[[], None] = lambda: None, pad_id: int = 0, made: dict[str, Any] | None = None
-              ) -> list[dict[str, Any]]:
+              advance: Callable[[], None] = lambda: None, pad_id: int = 0, made: dict[str, Any] | None = None,
+              tokenizer: Any = None) -> list[dict[str, Any]]:
     """Every contender at every batch size; returns one record per (contender, batch size).
-    `made`: drafter instances by contender label, instead of building them from the registry."""
+    `made`: drafter instances by contender label, instead of building them from the registry;
+    `tokenizer`: the target's, for a constraint in the sampling settings. The peer row runs only
+    when transformers' generate can apply the settings (`hf_missing`)."""
+    peers = config.peers and not hf_missing(config.sampling)
     drafters = {c.label: (made or {}).get(c.label) or make_drafter(c.drafter, **c.options)
                 for c in config.contenders if c.drafter is not None}
     records = []
@@ -77,7 +80,8 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
                 before = compile_seconds()
                 result = generate_batch(model, rows, drafter=drafter, num_draft_tokens=int(contender.k or 0),
                                         max_new_tokens=config.max_new_tokens, sampling=config.sampling,
-                                        seed=config.seed + repeat, compile=contender.compile)
+                                        seed=config.seed + repeat, compile=contender.compile,
+                                        tokenizer=tokenizer)
                 wall = result.totals.wall_seconds - (compile_seconds() - before)
                 steps = sum(row.stats.steps for row in result)
                 figures = (result.totals.new_tokens / wall, result.totals.new_tokens / steps if steps else 0.0,
@@ -85,7 +89,7 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
                 if repeat >= 0:
                     rounds.setdefault(contender.label, []).append(figures)
                 advance()
-            if config.peers:
+            if peers:
                 start = time.perf_counter()
                 tokens = hf_generate_batch(model, rows, config.max_new_tokens, config.sampling, pad_id)
                 wall = time.perf_counter() - start
@@ -93,7 +97,7 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
                     rounds.setdefault("hf-batched", []).append((sum(map(len, tokens)) / wall, 1.0, tokens))
                 advance()
         plain = rounds[config.contenders[0].label]
-        labels = [c.label for c in config.contenders] + (["hf-batched"] if config.peers else [])
+        labels = [c.label for c in config.contenders] + (["hf-batched"] if peers else [])
         for label in labels:
             mine = rounds[label]
             row = next((c for c in config.contenders if c.label == label), None)  # None: the peer

@@ -25,9 +25,39 @@ from transformers import PreTrainedModel
 from specdec.checkpoints import quiet_transformers
 from specdec.types import Sampling, Stats
 
-__all__ = ["PEERS", "hf_generate", "hf_generate_batch", "pad_left"]
+__all__ = ["PEERS", "hf_generate", "hf_generate_batch", "hf_missing", "hf_sampling", "pad_left"]
 
 PEERS = ("hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted")
+
+
+def hf_missing(sampling: Sampling) -> list[str]:
+    """The settings transformers' `generate` has no argument for (the OpenAI penalties, a
+    constraint): with any of them its rows would decode another distribution, so the bench leaves
+    the peers out."""
+    missing = [name for name in ("presence_penalty", "frequency_penalty") if getattr(sampling, name)]
+    return missing + ([sampling.constraint[0]] if sampling.constraint is not None else [])
+
+
+def hf_sampling(sampling: Sampling) -> dict[str, Any]:
+    """`generate`'s arguments for the settings (which `hf_missing` must not name)."""
+    if hf_missing(sampling):
+        raise ValueError(f"transformers' generate cannot apply {', '.join(hf_missing(sampling))}")
+    extra: dict[str, Any] = {"do_sample": False} if sampling.greedy else {
+        "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
+        "top_p": sampling.top_p, "min_p": sampling.min_p or None}
+    if sampling.repetition_penalty != 1.0:
+        extra["repetition_penalty"] = sampling.repetition_penalty
+    if sampling.no_repeat_ngram_size:
+        extra["no_repeat_ngram_size"] = sampling.no_repeat_ngram_size
+    if sampling.bad_words_ids:
+        extra["bad_words_ids"] = [list(word) for word in sampling.bad_words_ids]
+    if sampling.logit_bias:
+        extra["sequence_bias"] = {(token,): bias for token, bias in sampling.logit_bias}
+    if sampling.logits_processors:
+        from transformers import LogitsProcessorList
+
+        extra["logits_processor"] = LogitsProcessorList(sampling.logits_processors)
+    return extra
 
 
 def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int, max_new_tokens: int,
@@ -47,11 +77,7 @@ def hf_generate(model: PreTrainedModel, prompt: torch.Tensor, peer: str, k: int,
         config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
         config.assistant_confidence_threshold = 0.0
         extra = {"assistant_model": assistant}
-    if sampling.greedy:
-        extra["do_sample"] = False
-    else:
-        extra.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
-                     top_p=sampling.top_p)
+    extra.update(hf_sampling(sampling))
     forwards = [0]
     handle = model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     ids = prompt.to(model.device)[None]
@@ -86,9 +112,7 @@ def hf_generate_batch(model: PreTrainedModel, prompts: Sequence[list[int]], max_
     """transformers' batched plain `generate` (prompts left-padded with `pad_id`, exactly
     `max_new_tokens` new tokens each, its dynamic cache): each row's new tokens."""
     ids, mask = (t.to(model.device) for t in pad_left(prompts, pad_id))
-    extra: dict[str, Any] = {"do_sample": False} if sampling.greedy else {
-        "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
-        "top_p": sampling.top_p}
+    extra = hf_sampling(sampling)
     with quiet_transformers():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,  # type: ignore[operator]
                              min_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=None, **extra)

@@ -73,14 +73,14 @@ def _drafter(contender: Contender) -> Any:
 
 
 def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, drafter: Any, max_new_tokens: int,
-             sampling: Sampling, seed: int) -> tuple[list[int], Stats, tuple[int, ...]]:
+             sampling: Sampling, seed: int, tokenizer: Any) -> tuple[list[int], Stats, tuple[int, ...]]:
     if contender.drafter is None:
         result = generate(target, prompt, None, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                          compile=contender.compile)
+                          compile=contender.compile, tokenizer=tokenizer)
         return result.tokens, result.stats, ()
     k = AUTO_MAX if contender.k == "auto" else contender.k
     result = generate(target, prompt, drafter, num_draft_tokens=int(k), max_new_tokens=max_new_tokens,
-                      sampling=sampling, seed=seed, compile=contender.compile)
+                      sampling=sampling, seed=seed, compile=contender.compile, tokenizer=tokenizer)
     return result.tokens, result.stats, tuple(getattr(drafter, "history", ()))
 
 
@@ -113,8 +113,8 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
               questions: Sequence[Question], contenders: Sequence[Contender], sampling: Sampling,
               max_new_tokens: int, repeats: int, warmup: int, seed: int = 0,
               assistant: PreTrainedModel | None = None, advance: Callable[[], None] = lambda: None,
-              max_repeats: int | None = None, noisy: Callable[[Sequence[Run]], Collection[str]] = lambda runs: ()
-              ) -> tuple[list[Run], dict[str, float]]:
+              max_repeats: int | None = None, noisy: Callable[[Sequence[Run]], Collection[str]] = lambda runs: (),
+              tokenizer: Any = None) -> tuple[list[Run], dict[str, float]]:
     """All recorded runs, and the seconds each contender spent compiling over all rounds (warm-up
     included); `advance` is called after each run (for a progress bar).
 
@@ -122,7 +122,8 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
     Question i's turn t samples with seed + i + 100003 t (i: its `number` when it has one) in
     every round, so the rounds decode the same tokens and differ in time only.
     `noisy(runs)` names the contenders still too noisy for the rounds run (`repeat_rounds`);
-    max_repeats: the most recorded rounds (None: exactly `repeats`).
+    max_repeats: the most recorded rounds (None: exactly `repeats`). `tokenizer`: the target's, for
+    a constraint in `sampling`.
     """
     if not contenders or contenders[0].label != "plain":
         raise ValueError("the first contender must be plain decoding (the baseline)")
@@ -151,7 +152,7 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
                         if contender.drafter is not None and contender.label not in drafters:
                             drafters[contender.label] = _drafter(contender)
                         tokens, stats, lengths = _specdec(target, prompt, contender, drafters.get(contender.label),
-                                                          max_new_tokens, sampling, run_seed)
+                                                          max_new_tokens, sampling, run_seed, tokenizer)
                     if contender.label == "plain":
                         plain_tokens = tokens
                     compiling = compile_seconds() - compiling

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from specdec import plugins
+from specdec.bench.peers import hf_missing
 from specdec.bench.questions import Question, from_prompts, load_questions, turn_prompt
 from specdec.bench.report import NOISE_BOUND, SCHEMA, csv_text, noisy_contenders, summarize, tree_sizes
 from specdec.bench.runner import AUTO_MAX, Contender, run_bench
@@ -159,7 +160,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     """Run the bench and write its files into `out`; returns (records, the JSON document)."""
     used = used_prompt_format(config, tokenizer)  # fails before any run
     questions = load_questions(config.prompts) if config.prompts is not None else _code_questions(config)
-    contenders = contenders_for(config.drafters, config.ks, config.peers, config.engines)
+    contenders = contenders_for(config.drafters, config.ks, config.peers and not hf_missing(config.sampling),
+                                config.engines)
     assistant = None
     for contender in contenders:
         if contender.drafter == "draft-model" and config.peers:
@@ -181,7 +183,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                                config.repeats, config.warmup, config.seed, assistant, advance,
                                max_repeats=config.repeat_limit,
                                noisy=lambda so_far: agree_object(noisy_contenders(so_far, contenders,
-                                                                                  config.noise_bound)))
+                                                                                  config.noise_bound)),
+                               tokenizer=tokenizer)
     from specdec.runtime.target import CausalLM
 
     sizes = [1] + [k + 1 for k in config.ks if isinstance(k, int)]
@@ -204,6 +207,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                              else str(config.prompts), "sampling": asdict(config.sampling),
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
+                             "peers_left_out_for": hf_missing(config.sampling) if config.peers else [],
                              "questions": len(questions), "turns": turns, "prompt_format": used,
                              "repeat_limit": config.repeat_limit},
                 "rounds": len({r.repeat for r in runs}),  # recorded rounds run (noisy rows' extra ones included)

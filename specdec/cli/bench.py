@@ -41,8 +41,8 @@ def _bench(args: argparse.Namespace) -> int:
     from specdec.bench.report import table
     from specdec.bench.session import ENGINES, BenchConfig, default_drafters, run_session
     from specdec.cli.common import parse_drafter_spec
+    from specdec.cli.sampling_options import describe, sampling_from
     from specdec.training.optim import progress
-    from specdec.types import Sampling
 
     try:
         for flag in ("max_new_tokens", "repeats"):
@@ -64,7 +64,7 @@ def _bench(args: argparse.Namespace) -> int:
 
             on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
             temperature = read_evaluation(zoo_dir).temperature if on_zoo else 0.0  # type: ignore[arg-type]
-        sampling = Sampling(temperature=temperature, top_k=args.top_k, top_p=args.top_p)
+        sampling = sampling_from(args, temperature)
         if args.drafter:
             from specdec.zoo import drafter_options
 
@@ -111,11 +111,13 @@ def _bench(args: argparse.Namespace) -> int:
     settings = document["settings"]
     print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
           f"{config.max_new_tokens} new tokens, "
-          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}, question i seeded i'}, "
+          f"{describe(sampling)}{'' if sampling.greedy else ', question i seeded i'}, "
           f"median±spread (IQR / median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading "
           f"more than {config.noise_bound:.0%} ({document['rounds']} rounds run); [95%]: bootstrap interval over "
           f"prompts, rank: by it among the drafters (= where the intervals cannot order them); from loops: the part of "
           f"the accepted length that was loop tokens; target {target}")
+    if settings["peers_left_out_for"]:
+        print(f"transformers' generate left out: it cannot apply {', '.join(settings['peers_left_out_for'])}")
     categories = sorted({r["category"] for r in records} - {"all"})
     print(table(records))
     if len(categories) > 1:
@@ -135,9 +137,12 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
                  sampling: Any, engine: str) -> int:
     """`specdec bench --batch B...`: every contender at every batch size (`specdec.bench.batch_curve`)."""
     import json
+    from dataclasses import asdict
 
     from specdec.bench.batch_curve import BATCH_SCHEMA, BatchCurveConfig, curve_table, run_curve, stops_paying
+    from specdec.bench.peers import hf_missing
     from specdec.bench.plots import write_batch_plot
+    from specdec.cli.sampling_options import describe
     from specdec.bench.questions import from_prompts, load_questions
     from specdec.bench.session import BenchConfig, contenders_for, machine_info, turn_encoder, used_prompt_format
     from specdec.data.corpus import stdlib_corpus
@@ -166,7 +171,7 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
     bar = progress(rounds, "bench --batch", not args.no_progress)
     try:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        records = run_curve(model, prompts, config, lambda: bar.update(1), pad_id=int(pad))
+        records = run_curve(model, prompts, config, lambda: bar.update(1), pad_id=int(pad), tokenizer=tokenizer)
     finally:
         bar.close()
     out = Path(args.out)
@@ -174,8 +179,8 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
                 "settings": {"target": str(target), "batches": list(config.batches), "k": args.k[0],
                              "engine": engine, "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
                              "warmup": config.warmup, "seed": config.seed, "noise_bound": config.noise_bound,
-                             "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k,
-                                          "top_p": sampling.top_p},
+                             "sampling": asdict(sampling),
+                             "peers_left_out_for": hf_missing(sampling) if config.peers else [],
                              "prompts": None if args.prompts is None else str(args.prompts),
                              "distinct_prompts": len(prompts), "prompt_format": used},
                 "stops_paying": stops_paying(records), "records": records}
@@ -188,7 +193,7 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
     except ImportError:
         print("specdec: matplotlib is not installed; no plot (pip install matplotlib)", file=sys.stderr)
     print(f"{len(prompts)} distinct prompts, {config.max_new_tokens} new tokens per row, "
-          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature}'}, k = {args.k[0]}, {engine}, "
+          f"{describe(sampling)}, k = {args.k[0]}, {engine}, "
           f"median over {config.repeats} rounds; speedup over plain decoding at the same batch size; "
           f"~ marks a cell spreading more than {config.noise_bound:.0%}")
     print(curve_table(records))
@@ -203,6 +208,7 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
 def add_bench_command(commands: Any) -> None:
     """Register `bench` under the top-level subparsers."""
     from specdec.bench.report import NOISE_BOUND
+    from specdec.cli.sampling_options import add_penalty_options
     from specdec.data.chat import PROMPT_FORMATS
 
     bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
@@ -228,6 +234,7 @@ def add_bench_command(commands: Any) -> None:
                             "zoo's evaluation holds 20)")
     bench.add_argument("--top-k", type=int, default=0)
     bench.add_argument("--top-p", type=float, default=1.0)
+    add_penalty_options(bench)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
     bench.add_argument("--max-repeats", type=int, default=None, metavar="N",

@@ -11,7 +11,7 @@ from specdec.cli.common import CLIError
 from specdec.errors import one_line
 from specdec.types import Sampling
 
-__all__ = ["add_penalty_options", "sampling_from"]
+__all__ = ["add_penalty_options", "describe", "sampling_from"]
 
 
 def add_penalty_options(parser: argparse.ArgumentParser) -> None:
@@ -45,3 +45,17 @@ def sampling_from(args: argparse.Namespace, temperature: float) -> Sampling:
                         frequency_penalty=args.frequency_penalty, json_schema=schema, regex=args.regex)
     except ValueError as error:
         raise CLIError(one_line(error)) from None
+
+
+def describe(sampling: Sampling) -> str:
+    """The settings in words for a command's summary line: "greedy" or "temperature T", then those set."""
+    words = ["greedy" if sampling.greedy else f"temperature {sampling.temperature:g}"]
+    for name, value, off in (("top-k", sampling.top_k, 0), ("top-p", sampling.top_p, 1.0), ("min-p", sampling.min_p, 0.0),
+                             ("repetition penalty", sampling.repetition_penalty, 1.0),
+                             ("presence penalty", sampling.presence_penalty, 0.0),
+                             ("frequency penalty", sampling.frequency_penalty, 0.0)):
+        if value != off and not (sampling.greedy and name in ("top-k", "top-p", "min-p")):
+            words.append(f"{name} {value:g}")
+    if sampling.constraint is not None:
+        words.append({"json_schema": "a JSON schema", "regex": "a regex", "grammar": "a grammar"}[sampling.constraint[0]])
+    return ", ".join(words)
