@@ -6,6 +6,7 @@ with penalties, banned words, repeated n-grams and a custom processor equal to t
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,25 +156,54 @@ def _reference(arch: str) -> tuple[int, ...]:
     return tuple(out[0, len(PROMPT):].tolist())
 
 
-def _drafter(name: str, arch: str) -> object:
+def _drafter(name: str, arch: str, directory: Path) -> object:
+    """Every drafter family, a chain and its tree mode (`NAME+tree`), on the arch's tiny target;
+    learned heads random (greedy parity holds whatever they draft)."""
+    from specdec.data.datastore_build import build_datastore_from_ids
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.drafters.eagle3 import Eagle3Drafter
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.drafters.mtp import MtpDrafter
+
+    from test_eagle import random_head, save_eagle
+    from test_eagle3 import write_head
+    from test_medusa import checkpoint, random_heads
+    from test_mtp import mtp_tensors, write_target
+
+    family, tree = name.removesuffix("+tree"), name.endswith("+tree")
     other = tiny_model(ARCHITECTURES[(ARCHITECTURES.index(arch) + 1) % len(ARCHITECTURES)], vocab_size=VOCAB,
                        seed=1, layers=1)
-    return {
-        "ngram": lambda: specdec.make_drafter("ngram", max_ngram=3),
-        "draft-model": lambda: specdec.make_drafter("draft-model", model=other),
-        "draft-model+tree": lambda: specdec.make_drafter("draft-model", model=other, tree=True, top_k=2,
-                                                         total_tokens=6),
-        "suffix+tree": lambda: specdec.make_drafter("suffix", tree=True),
-    }[name]()
+    options = {"tree": True} if tree else {}
+    make = {
+        "ngram": lambda: specdec.make_drafter("ngram", max_ngram=3, **({"branches": 4} if tree else {})),
+        "suffix": lambda: specdec.make_drafter("suffix", **options),
+        "lookahead": lambda: specdec.make_drafter("lookahead", window=3, ngram=3, **options),
+        "retrieval": lambda: specdec.make_drafter("retrieval", datastore=build_datastore_from_ids(
+            [PROMPT + [22, 5, 9, 3], PROMPT[2:] + [14, 22, 7]], directory / "datastore", vocab_size=VOCAB), tree=tree),
+        "draft-model": lambda: specdec.make_drafter("draft-model", model=other, **(
+            {"tree": True, "top_k": 2, "total_tokens": 6} if tree else {})),
+        "medusa": lambda: MedusaDrafter(checkpoint(directory, random_heads(num_heads=3, seed=2)), **options),
+        "eagle": lambda: EagleDrafter(save_eagle(random_head(seed=3), directory), **options),
+        "eagle3": lambda: Eagle3Drafter(write_head(directory, seed=4, layers=(0, 1, 2)), **options),
+        "mtp": lambda: MtpDrafter(write_target(_target(arch), mtp_tensors(_target(arch), "qwen", seed=4), directory),
+                                  **options),
+    }
+    return make[family]()
 
 
 GREEDY_SAMPLING = Sampling(logits_processors=[EvenAfterOdd()], **GREEDY)
+FAMILIES = ["ngram", "suffix", "lookahead", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp"]
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft-model", "draft-model+tree", "suffix+tree"])
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_greedy_with_penalties_and_a_processor_equals_transformers_generate(arch: str, drafter: str) -> None:
-    result = specdec.generate(_target(arch), PROMPT, drafter=_drafter(drafter, arch), num_draft_tokens=4,
+# MTP modules are decoder layers of the target's own (Llama-style) architecture: GPT-2 has none
+PARITY_CASES = [(arch, name + mode) for arch in ARCHITECTURES for name in FAMILIES for mode in ("", "+tree")
+                if not (arch == "gpt2" and name == "mtp")]
+
+
+@pytest.mark.parametrize(("arch", "drafter"), PARITY_CASES)
+def test_greedy_with_penalties_and_a_processor_equals_transformers_generate(arch: str, drafter: str,
+                                                                            tmp_path: Path) -> None:
+    result = specdec.generate(_target(arch), PROMPT, drafter=_drafter(drafter, arch, tmp_path), num_draft_tokens=4,
                               max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
     assert result.tokens == list(_reference(arch)), f"{arch}, {drafter}"
     if drafter != "draft-model":
@@ -182,11 +212,11 @@ def test_greedy_with_penalties_and_a_processor_equals_transformers_generate(arch
     assert plain.tokens == list(_reference(arch))
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft-model+tree"])
-def test_each_batch_row_follows_its_own_history(drafter: str) -> None:
+@pytest.mark.parametrize("drafter", ["ngram", "draft-model+tree", "eagle", "medusa+tree"])
+def test_each_batch_row_follows_its_own_history(drafter: str, tmp_path: Path) -> None:
     arch = "llama"
     prompts = [PROMPT, PROMPT[3:], [1, 2, 3, 1, 2, 3, 1]]
-    batch = specdec.generate_batch(_target(arch), prompts, drafter=_drafter(drafter, arch), num_draft_tokens=4,
+    batch = specdec.generate_batch(_target(arch), prompts, drafter=_drafter(drafter, arch, tmp_path), num_draft_tokens=4,
                                    max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
     for prompt, row in zip(prompts, batch):
         alone = specdec.generate(_target(arch), prompt, max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
