@@ -66,8 +66,8 @@ class DraftContext:
         processed as if `drafted[i]` (the draft ids on its path, root side first) followed the
         committed ids (None: every row follows the committed ids alone). One-hot at the processed
         argmax when greedy. A sampled draft token must be drawn from its row. A row the settings
-        leave no id (a grammar that allows none of a smaller draft vocabulary's ids) is processed
-        without them: its draws are rejected, and the verifier stays exact."""
+        leave no id (a grammar that allows none of a smaller draft vocabulary's ids) is its raw
+        logits, warped: its draws are rejected, and the verifier stays exact."""
         return self._pipeline().probabilities(logits, self._prefixes(logits, drafted), draft=True)
 
     def greedy_ids(self, logits: torch.Tensor, drafted: Sequence[Sequence[int] | torch.Tensor] | None = None

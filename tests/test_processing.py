@@ -170,17 +170,18 @@ def _drafter(name: str, arch: str, directory: Path) -> object:
     from test_medusa import checkpoint, random_heads
     from test_mtp import mtp_tensors, write_target
 
+    from test_greedy_parity import _noisy_copy  # the same target (VOCAB, seed 0) with noisy weights
+
     family, tree = name.removesuffix("+tree"), name.endswith("+tree")
-    other = tiny_model(ARCHITECTURES[(ARCHITECTURES.index(arch) + 1) % len(ARCHITECTURES)], vocab_size=VOCAB,
-                       seed=1, layers=1)
     options = {"tree": True} if tree else {}
     make = {
         "ngram": lambda: specdec.make_drafter("ngram", max_ngram=3, **({"branches": 4} if tree else {})),
         "suffix": lambda: specdec.make_drafter("suffix", **options),
         "lookahead": lambda: specdec.make_drafter("lookahead", window=3, ngram=3, **options),
         "retrieval": lambda: specdec.make_drafter("retrieval", datastore=build_datastore_from_ids(
-            [PROMPT + [22, 5, 9, 3], PROMPT[2:] + [14, 22, 7]], directory / "datastore", vocab_size=VOCAB), tree=tree),
-        "draft-model": lambda: specdec.make_drafter("draft-model", model=other, **(
+            [PROMPT + list(_reference(arch)), PROMPT[2:] + [14, 22, 7]], directory / "datastore", vocab_size=VOCAB),
+            tree=tree),
+        "draft-model": lambda: specdec.make_drafter("draft-model", model=_noisy_copy(arch), **(
             {"tree": True, "top_k": 2, "total_tokens": 6} if tree else {})),
         "medusa": lambda: MedusaDrafter(checkpoint(directory, random_heads(num_heads=3, seed=2)), **options),
         "eagle": lambda: EagleDrafter(save_eagle(random_head(seed=3), directory), **options),
@@ -193,6 +194,10 @@ def _drafter(name: str, arch: str, directory: Path) -> object:
 
 GREEDY_SAMPLING = Sampling(logits_processors=[EvenAfterOdd()], **GREEDY)
 FAMILIES = ["ngram", "suffix", "lookahead", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp"]
+# drafts that agree with the target, so that accepted draft prefixes are processed: a noisy copy of the
+# target, a datastore holding the reference output, suffix decoding after one generation of it (the
+# lookups of ngram and lookahead propose repeats, which no_repeat_ngram_size bans; learned heads are random)
+ACCEPTING = ("suffix", "retrieval", "draft-model")
 
 
 # MTP modules are decoder layers of the target's own (Llama-style) architecture: GPT-2 has none
@@ -203,9 +208,14 @@ PARITY_CASES = [(arch, name + mode) for arch in ARCHITECTURES for name in FAMILI
 @pytest.mark.parametrize(("arch", "drafter"), PARITY_CASES)
 def test_greedy_with_penalties_and_a_processor_equals_transformers_generate(arch: str, drafter: str,
                                                                             tmp_path: Path) -> None:
-    result = specdec.generate(_target(arch), PROMPT, drafter=_drafter(drafter, arch, tmp_path), num_draft_tokens=4,
-                              max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
+    made = _drafter(drafter, arch, tmp_path)
+    if drafter.startswith("suffix"):  # it learns from its finished outputs
+        specdec.generate(_target(arch), PROMPT, drafter=made, max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
+    result = specdec.generate(_target(arch), PROMPT, drafter=made, num_draft_tokens=4, max_new_tokens=NEW_TOKENS,
+                              sampling=GREEDY_SAMPLING)
     assert result.tokens == list(_reference(arch)), f"{arch}, {drafter}"
+    if drafter.removesuffix("+tree") in ACCEPTING:
+        assert result.stats.accepted >= NEW_TOKENS // 4, f"{arch}, {drafter}: {result.stats.accepted} accepted"
     if drafter != "draft-model":
         return
     plain = specdec.generate(_target(arch), PROMPT, max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
@@ -218,6 +228,8 @@ def test_each_batch_row_follows_its_own_history(drafter: str, tmp_path: Path) ->
     prompts = [PROMPT, PROMPT[3:], [1, 2, 3, 1, 2, 3, 1]]
     batch = specdec.generate_batch(_target(arch), prompts, drafter=_drafter(drafter, arch, tmp_path), num_draft_tokens=4,
                                    max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
+    if drafter == "draft-model+tree":
+        assert all(row.stats.accepted > 0 for row in batch), [row.stats.accepted for row in batch]
     for prompt, row in zip(prompts, batch):
         alone = specdec.generate(_target(arch), prompt, max_new_tokens=NEW_TOKENS, sampling=GREEDY_SAMPLING)
         assert row.tokens == alone.tokens, prompt
@@ -333,3 +345,21 @@ def test_a_drafter_row_the_grammar_leaves_no_id_is_its_raw_row() -> None:
     assert int(ctx.greedy_ids(logits)[0]) == 2
     target = pipeline.probabilities(logits.nan_to_num(neginf=-1.0), Prefixes.of(torch.tensor([1, 2]), 2, [[]]))
     assert target[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_transformers_rows_of_the_bench_decode_under_the_same_settings() -> None:
+    """The bench's transformers rows get every setting specdec applies, and neutral values for the
+    rest, whatever the checkpoint's generation_config holds; settings transformers lacks are named."""
+    from specdec.bench.peers import hf_generate, hf_missing
+
+    model = tiny_model("llama", vocab_size=VOCAB, seed=0)
+    model.generation_config.repetition_penalty = 1.5  # a checkpoint's own default, which specdec never applies
+    model.generation_config.no_repeat_ngram_size = 2
+    for sampling in (Sampling(), Sampling(repetition_penalty=2, logit_bias={3: 1.5}, bad_words_ids=[[9, 14], [7]],
+                                          no_repeat_ngram_size=3, logits_processors=[EvenAfterOdd()])):
+        tokens, _ = hf_generate(model, torch.tensor(PROMPT), "hf-plain", 4, 12, sampling)
+        assert tokens == specdec.generate(model, PROMPT, max_new_tokens=12, sampling=sampling).tokens, sampling
+    assert hf_missing(Sampling(presence_penalty=0.5, json_schema={"type": "string"})) == ["presence_penalty",
+                                                                                         "json_schema"]
+    assert hf_missing(Sampling(repetition_penalty=1.2), batch=True) == ["repetition_penalty"]
+    assert hf_missing(Sampling(temperature=0.7, top_p=0.9, min_p=0.1), batch=True) == []

@@ -66,7 +66,7 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
     `made`: drafter instances by contender label, instead of building them from the registry;
     `tokenizer`: the target's, for a constraint in the sampling settings. The peer row runs only
     when transformers' generate can apply the settings (`hf_missing`)."""
-    peers = config.peers and not hf_missing(config.sampling)
+    peers = config.peers and not hf_missing(config.sampling, batch=True)
     drafters = {c.label: (made or {}).get(c.label) or make_drafter(c.drafter, **c.options)
                 for c in config.contenders if c.drafter is not None}
     records = []

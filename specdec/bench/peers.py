@@ -30,29 +30,34 @@ __all__ = ["PEERS", "hf_generate", "hf_generate_batch", "hf_missing", "hf_sampli
 PEERS = ("hf-plain", "hf-static", "hf-prompt-lookup", "hf-assisted")
 
 
-def hf_missing(sampling: Sampling) -> list[str]:
-    """The settings transformers' `generate` has no argument for (the OpenAI penalties, a
-    constraint): with any of them its rows would decode another distribution, so the bench leaves
-    the peers out."""
+def hf_missing(sampling: Sampling, batch: bool = False) -> list[str]:
+    """The settings transformers' `generate` cannot apply as specdec does: the OpenAI penalties and
+    a constraint (it has no argument for them), and in a left-padded batch (`batch`) every setting
+    that reads the prefix, since its processors see the pad ids. With any of them its rows would
+    decode another distribution, so the bench leaves the peers out."""
     missing = [name for name in ("presence_penalty", "frequency_penalty") if getattr(sampling, name)]
-    return missing + ([sampling.constraint[0]] if sampling.constraint is not None else [])
+    missing += [sampling.constraint[0]] if sampling.constraint is not None else []
+    if batch:
+        missing += [name for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+                                      "logits_processors")
+                    if getattr(sampling, name) not in (1.0, 0, ()) and name not in missing]
+    return missing
 
 
 def hf_sampling(sampling: Sampling) -> dict[str, Any]:
-    """`generate`'s arguments for the settings (which `hf_missing` must not name)."""
+    """`generate`'s arguments for the settings (which `hf_missing` must not name), every one given,
+    neutral when unset: `generate` fills a missing one from the checkpoint's generation_config
+    (a repetition penalty, banned words, typical-p), which specdec never applies."""
     if hf_missing(sampling):
         raise ValueError(f"transformers' generate cannot apply {', '.join(hf_missing(sampling))}")
     extra: dict[str, Any] = {"do_sample": False} if sampling.greedy else {
-        "do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k or None,
-        "top_p": sampling.top_p, "min_p": sampling.min_p or None}
-    if sampling.repetition_penalty != 1.0:
-        extra["repetition_penalty"] = sampling.repetition_penalty
-    if sampling.no_repeat_ngram_size:
-        extra["no_repeat_ngram_size"] = sampling.no_repeat_ngram_size
-    if sampling.bad_words_ids:
-        extra["bad_words_ids"] = [list(word) for word in sampling.bad_words_ids]
-    if sampling.logit_bias:
-        extra["sequence_bias"] = {(token,): bias for token, bias in sampling.logit_bias}
+        "do_sample": True, "temperature": float(sampling.temperature), "top_k": sampling.top_k or None,
+        "top_p": float(sampling.top_p), "min_p": float(sampling.min_p) or None}
+    extra.update(repetition_penalty=float(sampling.repetition_penalty),
+                 no_repeat_ngram_size=sampling.no_repeat_ngram_size or None,
+                 bad_words_ids=[list(word) for word in sampling.bad_words_ids] or None,
+                 sequence_bias={(token,): float(bias) for token, bias in sampling.logit_bias} or None,
+                 typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
     if sampling.logits_processors:
         from transformers import LogitsProcessorList
 
@@ -111,6 +116,8 @@ def hf_generate_batch(model: PreTrainedModel, prompts: Sequence[list[int]], max_
                       pad_id: int = 0) -> list[list[int]]:
     """transformers' batched plain `generate` (prompts left-padded with `pad_id`, exactly
     `max_new_tokens` new tokens each, its dynamic cache): each row's new tokens."""
+    if hf_missing(sampling, batch=True):
+        raise ValueError(f"transformers' batched generate cannot apply {', '.join(hf_missing(sampling, batch=True))}")
     ids, mask = (t.to(model.device) for t in pad_left(prompts, pad_id))
     extra = hf_sampling(sampling)
     with quiet_transformers():

@@ -160,11 +160,11 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     """Run the bench and write its files into `out`; returns (records, the JSON document)."""
     used = used_prompt_format(config, tokenizer)  # fails before any run
     questions = load_questions(config.prompts) if config.prompts is not None else _code_questions(config)
-    contenders = contenders_for(config.drafters, config.ks, config.peers and not hf_missing(config.sampling),
-                                config.engines)
+    peers = config.peers and not hf_missing(config.sampling)
+    contenders = contenders_for(config.drafters, config.ks, peers, config.engines)
     assistant = None
     for contender in contenders:
-        if contender.drafter == "draft-model" and config.peers:
+        if contender.drafter == "draft-model" and peers:
             from specdec.checkpoints import load_causal_lm
 
             source = contender.options.get("model")

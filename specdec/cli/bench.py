@@ -180,7 +180,7 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
                              "engine": engine, "max_new_tokens": config.max_new_tokens, "repeats": config.repeats,
                              "warmup": config.warmup, "seed": config.seed, "noise_bound": config.noise_bound,
                              "sampling": asdict(sampling),
-                             "peers_left_out_for": hf_missing(sampling) if config.peers else [],
+                             "peers_left_out_for": hf_missing(sampling, batch=True) if config.peers else [],
                              "prompts": None if args.prompts is None else str(args.prompts),
                              "distinct_prompts": len(prompts), "prompt_format": used},
                 "stops_paying": stops_paying(records), "records": records}
