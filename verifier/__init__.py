@@ -16,11 +16,16 @@ Sampling"):
 Trees (``specdec.verifier.tree``) generalise the chain: each node is checked against ``p`` at
 its parent's row, siblings in turn against the residual left by the ones before them.
 
+Block verification (``specdec.verifier.block``; Sun et al. 2025) judges a chain as a whole and
+keeps the longest prefix whose own test passes: never fewer tokens on average than the
+token-wise rule, with the same output law.
+
 Nothing here calls a model.
 """
 
 from __future__ import annotations
 
+from specdec.verifier.block import block_verdict, verify_block
 from specdec.verifier.chain import (
     acceptance_probabilities,
     chain_verdict,
@@ -36,12 +41,14 @@ from specdec.verifier.validate import DraftError, draft_faults, validate_draft
 __all__ = [
     "DraftError",
     "acceptance_probabilities",
+    "block_verdict",
     "chain_verdict",
     "draft_faults",
     "greedy_verdict",
     "greedy_verdicts",
     "residual_distribution",
     "validate_draft",
+    "verify_block",
     "verify_chain",
     "verify_greedy",
     "verify_tree",
