@@ -1,5 +1,5 @@
 """Block verification (`specdec.verifier.block`) is lossless, keeps at least what token-wise
-verification keeps, and keeps the paper's 11/9 on its toy case; a planted bug is caught.
+verification keeps, and keeps the paper's 11/9 on its toy case; planted bugs are caught.
 
 The law of the real function is enumerated exactly (`test_verifier_tree.exact_law`: scripted
 uniforms and multinomials, every branch weighted), over every draft the drafter can make
@@ -100,3 +100,35 @@ def test_the_enumeration_catches_a_block_that_stops_at_its_first_failure(monkeyp
     law = marginal_verifier_law(as_tree(verify_block), model, chain_parents(2), "shared")
     with pytest.raises(AssertionError, match="off by"):
         assert_lossless(model, law, 3, "stop at the first failure")  # type: ignore[arg-type]
+
+
+class TwoRows:
+    """A context-dependent case where keeping one token of two leaves a residual of two ids:
+    after d_1 = 0 (w_1 = 0.8), max(0, w_1 p_2 - q_2) = (0, 0.38, 0.14)."""
+
+    vocab = 3
+
+    def p(self, prefix: tuple[int, ...]) -> tuple[float, ...]:
+        return (0.1, 0.6, 0.3) if prefix[-1:] == (0,) else (0.4, 0.3, 0.3)
+
+    def q(self, prefix: tuple[int, ...], slot: int) -> tuple[float, ...]:
+        return (0.8, 0.1, 0.1) if prefix[-1:] == (0,) else (0.5, 0.25, 0.25)
+
+
+def test_the_enumeration_catches_a_residual_without_its_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The correction after keeping i < k tokens from norm(max(0, p - q)), the weight w_i left out."""
+    from specdec.verifier import block as module
+
+    model = TwoRows()
+    assert_lossless(model, marginal_verifier_law(as_tree(verify_block), model, chain_parents(2), "shared"), 3,
+                    "block")  # type: ignore[arg-type]
+    original = module.block_tests
+
+    def unweighted(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, _ = original(p, q, tokens)
+        return h, (p[: tokens.shape[0]] - q).clamp(min=0.0)
+
+    monkeypatch.setattr(module, "block_tests", unweighted)
+    law = marginal_verifier_law(as_tree(verify_block), model, chain_parents(2), "shared")
+    with pytest.raises(AssertionError, match="off by"):
+        assert_lossless(model, law, 3, "unweighted residual")  # type: ignore[arg-type]
