@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from specdec.types import Verdict
+from specdec.verifier.chain import normalized_residual
 
 __all__ = ["block_tests", "block_verdict", "block_weights", "kept_prefix", "verify_block"]
 
@@ -96,11 +97,7 @@ def block_verdict(
     uniforms = torch.rand(k, generator=generator, dtype=p.dtype, device=p.device)
     num_accepted = kept_prefix(h, uniforms)
     at = num_accepted.clamp(max=k - 1).reshape(1)
-    residual = residuals.index_select(0, at)[0]  # (V,)
-    mass = residual.sum()
-    floor = 64 * torch.finfo(p.dtype).eps
-    fallback = p.index_select(0, at)[0]
-    residual = torch.where(mass > floor, residual / mass.clamp(min=floor), fallback)
+    residual = normalized_residual(residuals.index_select(0, at)[0], p.index_select(0, at)[0])  # (V,)
     next_distribution = torch.where(num_accepted == k, p[k], residual)
     last = torch.multinomial(next_distribution, 1, generator=generator)  # (1,)
     out = torch.cat([tokens, last]).scatter(0, num_accepted.reshape(1), last)  # (k + 1,)

@@ -10,8 +10,8 @@ import torch
 
 from specdec.types import Verdict
 
-__all__ = ["acceptance_probabilities", "chain_verdict", "greedy_verdict", "residual_distribution", "verify_chain",
-           "verify_greedy"]
+__all__ = ["acceptance_probabilities", "chain_verdict", "greedy_verdict", "normalized_residual", "residual_distribution",
+           "verify_chain", "verify_greedy"]
 
 
 def acceptance_probabilities(
@@ -40,9 +40,15 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, token: torch.
         residual = p.scatter(-1, token.reshape(1), 0.0)  # (V,)
     else:
         residual = (p - q.to(p.dtype)).clamp(min=0.0)  # (V,)
+    return normalized_residual(residual, p)
+
+
+def normalized_residual(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """residual [V] (non-negative) divided by its mass; `fallback` [V] where the mass is ~0 (the
+    target's row there: p ~= q up to rounding, so nothing was lost)."""
     mass = residual.sum()
-    floor = 64 * torch.finfo(p.dtype).eps
-    return torch.where(mass > floor, residual / mass.clamp(min=floor), p)
+    floor = 64 * torch.finfo(residual.dtype).eps
+    return torch.where(mass > floor, residual / mass.clamp(min=floor), fallback)
 
 
 def chain_verdict(
