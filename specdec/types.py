@@ -230,10 +230,14 @@ class Draft:
             (every parent before its children) and the depth at most k.
     probs:  FloatTensor [n, V], row i the processed distribution node i was drawn from, given
             its ancestors; None for deterministic candidates (each treated as a one-hot q).
-            Siblings with rows were drawn independently (duplicates allowed); siblings
-            without are distinct deterministic candidates, e.g. a top-k.
+            How siblings were drawn is declared by `siblings`.
     parents: LongTensor [n] or None. parents[i] is the index of node i's parent, or -1 when
             it continues the last committed token; None means a chain (parents = i - 1).
+    siblings: how a tree's siblings were drawn (`specdec.verifier.siblings`): "iid" (each an
+            independent draw from its row, duplicates allowed), "without_replacement" (successive
+            draws without replacement from one shared row, in draft order) or "distinct"
+            (deterministic candidates, no probs). None: "iid" with probs, "distinct" without.
+            The verifier tests each sibling against the q it was drawn from given its elders.
     extra: rows to run in the same target forward for the drafter's own use (`ExtraRows`,
             e.g. lookahead decoding's Jacobi rows), or None. They never touch the verdict; a
             draft that carries them is verified as a tree (a chain as a chain-shaped tree).
@@ -243,6 +247,7 @@ class Draft:
     probs: torch.Tensor | None = None
     parents: torch.Tensor | None = None
     extra: ExtraRows | None = None
+    siblings: str | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -18,7 +18,10 @@ its parent's row, siblings in turn against the residual left by the ones before 
 
 Block verification (``specdec.verifier.block``; Sun et al. 2025) judges a chain as a whole and
 keeps the longest prefix whose own test passes: never fewer tokens on average than the
-token-wise rule, with the same output law.
+token-wise rule, with the same output law. Traversal verification (``specdec.verifier.traversal``;
+Weng et al. 2025) does the same for a tree, settling it from the leaves up. A run picks its rule
+by name (``specdec.verifier.rules``); how a tree's siblings were drawn decides the q each is
+tested against (``specdec.verifier.siblings``).
 
 Nothing here calls a model.
 """
@@ -35,22 +38,33 @@ from specdec.verifier.chain import (
     verify_chain,
     verify_greedy,
 )
+from specdec.verifier.rules import VERIFY_RULES, chain_rule, check_verify_rule, tree_rule
+from specdec.verifier.siblings import SIBLING_DRAWS, sibling_fault, sibling_rows
+from specdec.verifier.traversal import verify_traversal
 from specdec.verifier.tree import verify_tree, verify_tree_greedy
 from specdec.verifier.validate import DraftError, draft_faults, validate_draft
 
 __all__ = [
     "DraftError",
+    "SIBLING_DRAWS",
+    "VERIFY_RULES",
     "acceptance_probabilities",
     "block_verdict",
+    "chain_rule",
     "chain_verdict",
+    "check_verify_rule",
     "draft_faults",
     "greedy_verdict",
     "greedy_verdicts",
     "residual_distribution",
+    "sibling_fault",
+    "sibling_rows",
+    "tree_rule",
     "validate_draft",
     "verify_block",
     "verify_chain",
     "verify_greedy",
+    "verify_traversal",
     "verify_tree",
     "verify_tree_greedy",
 ]

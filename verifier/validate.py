@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.types import Draft, ExtraRows
+from specdec.verifier.siblings import sibling_fault
 
 __all__ = ["DraftError", "draft_faults", "validate_draft"]
 
@@ -51,6 +52,10 @@ def validate_draft(draft: object, max_tokens: int, vocab_size: int, device: torc
     if values and k and bool(((tokens < 0) | (tokens >= vocab_size)).any()):
         bad = [t for t in tokens.tolist() if not 0 <= t < vocab_size]
         raise _fail(drafter, f"token id(s) {bad} outside the vocabulary [0, {vocab_size})")
+    fault = sibling_fault(draft.siblings, tokens.tolist() if parents is not None else None, parents,
+                          probs if isinstance(probs, torch.Tensor) else None)
+    if fault is not None:
+        raise _fail(drafter, fault)
     if probs is None:
         return parents
     if not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (k, vocab_size):

@@ -58,6 +58,7 @@ class BatchRun:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     layouts: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
 
 
 @dataclass(frozen=True)

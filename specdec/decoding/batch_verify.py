@@ -14,7 +14,8 @@ from specdec.processing import Prefixes
 from specdec.sampling import greedy_ids
 from specdec.trees import chain_parents, verify_layout
 from specdec.types import Draft, Verdict
-from specdec.verifier import DraftError, chain_verdict, greedy_verdicts, validate_draft, verify_tree, verify_tree_greedy
+from specdec.verifier import (DraftError, chain_rule, greedy_verdicts, sibling_rows, tree_rule, validate_draft,
+                              verify_tree_greedy)
 
 __all__ = ["lay_out", "row_verdicts"]
 
@@ -106,16 +107,19 @@ def row_verdicts(run: BatchRun, drafts: dict[int, Checked], logits: torch.Tensor
             continue  # the leader decides a row whose draft this rank did not draft
         elif parents is not None:
             n = draft_.tokens.shape[0]
+            verify_tree = tree_rule(run.verify_rule)
+            q = sibling_rows(draft_.probs, draft_.tokens.tolist(), parents, draft_.siblings)
             if run.sampling.reads_prefix:  # every node's p from its own path, all at once
                 p = pipeline.probabilities(logits[slot, : n + 1], _prefixes(row, draft_.tokens, parents))
-                out[slot] = verify_tree(p.__getitem__, draft_.tokens, parents, draft_.probs, row.generator)
+                out[slot] = verify_tree(p.__getitem__, draft_.tokens, parents, q, row.generator)
             else:
                 out[slot] = verify_tree(lambda r, s=slot: pipeline.probabilities(logits[s, r][None], None)[0],
-                                        draft_.tokens, parents, draft_.probs, row.generator)
+                                        draft_.tokens, parents, q, row.generator)
         else:
             n = draft_.tokens.shape[0]
             p = pipeline.probabilities(logits[slot, : n + 1], _prefixes(row, draft_.tokens, None))  # (n + 1, V)
-            num, tokens, acceptance, uniforms = chain_verdict(p, draft_.tokens, draft_.probs, row.generator)
+            num, tokens, acceptance, uniforms = chain_rule(run.verify_rule)(p, draft_.tokens, draft_.probs,
+                                                                            row.generator)
             faults = checked.faults if checked is not None and checked.faults is not None else \
                 torch.zeros((), dtype=torch.bool, device=p.device)
             accepted, broken = torch.stack([num, faults.long()]).tolist()

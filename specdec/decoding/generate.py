@@ -15,7 +15,7 @@ from specdec.protocols import Drafter
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace
 from specdec.types import Engine, Generation, Sampling, UNDECLARED_NODES
-from specdec.verifier import DraftError
+from specdec.verifier import DraftError, check_verify_rule
 
 __all__ = ["generate", "make_pipeline"]
 
@@ -32,6 +32,7 @@ def generate(
     trace: Trace | None = None,
     compile: bool = False,
     tokenizer: Any = None,
+    verify_rule: str = "token",
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
 
@@ -45,9 +46,12 @@ def generate(
     transformers runs on dynamic caches only) decodes eagerly, with a warning saying why.
     `tokenizer` (the target's) is needed by a constraint (`Sampling.json_schema`, `regex`,
     `grammar`); a constrained generation also ends at the grammar's stop ids (the tokenizer's EOS).
+    `verify_rule` picks the verification rule (`specdec.verifier.rules`): "token", "block" or
+    "traversal"; every rule is lossless, they differ in how many draft tokens they keep.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
+    check_verify_rule(verify_rule)
     prompt = _prompt(input_ids, lm, max_new_tokens)
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
@@ -65,7 +69,7 @@ def generate(
         tokens[: prompt.shape[0]] = prompt
         stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device) if stop_ids else None
         run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
-                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline)
+                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline, verify_rule=verify_rule)
         return decode(run)
 
 

@@ -18,6 +18,7 @@ from specdec.protocols import Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
 from specdec.types import BatchGenerations, Sampling, static_capacity
+from specdec.verifier import check_verify_rule
 
 __all__ = ["HOLE_ROOM", "generate_batch"]
 
@@ -35,6 +36,7 @@ def generate_batch(
     seed: int | None = None,
     compile: bool = False,
     tokenizer: Any = None,
+    verify_rule: str = "token",
 ) -> BatchGenerations:
     """Generate up to `max_new_tokens` tokens after each prompt, all rows in one target forward per step.
 
@@ -47,12 +49,14 @@ def generate_batch(
     batched drafters (`propose_batch`) at once, any other drafter with one instance per row
     (`specdec.decoding.batch_drafters`). `compile=True` runs the steps compiled, on a few batch shapes.
     Settings that read the prefix (penalties, processors, a constraint, which needs `tokenizer`)
-    process each row from its own history, with its own constraint state.
+    process each row from its own history, with its own constraint state. `verify_rule` picks the
+    verification rule, as for `specdec.generate`.
 
     Returns one Generation per prompt, in order, with its row's Stats; `.totals` has the batch's.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
+    check_verify_rule(verify_rule)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or isinstance(prompts, str) \
             or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each a list of token ids or a 1-D "
@@ -88,5 +92,6 @@ def generate_batch(
             if pipeline.matcher is not None:
                 stop_ids |= frozenset(pipeline.matcher.stop_ids)
         run = BatchRun(batch_target, lm, None if resolved is None else batched(resolved, name, len(rows)), resolved,
-                       name, k, max_new_tokens, sampling, stop_ids, engine, rows, buckets=batch_target.compiled)
+                       name, k, max_new_tokens, sampling, stop_ids, engine, rows, buckets=batch_target.compiled,
+                       verify_rule=verify_rule)
         return decode_batch(run)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,8 +38,8 @@ from specdec.processing.pipeline import Pipeline
 from specdec.teaching.trace import CacheLengths, Trace
 from specdec.trees import chain_parents, depths, first_path
 from specdec.types import Draft, Engine, Generation, Sampling, Verdict
-from specdec.verifier import (DraftError, chain_verdict, draft_faults, greedy_verdict, validate_draft, verify_tree,
-                              verify_tree_greedy)
+from specdec.verifier import (DraftError, chain_rule, draft_faults, greedy_verdict, sibling_rows, tree_rule,
+                              validate_draft, verify_tree_greedy)
 
 __all__ = ["Run", "decode", "first_stop"]
 
@@ -69,6 +69,7 @@ class Run:
     warned_extra: bool = False  # the warning that extra rows are dropped, once per run
     layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
     pipeline: Pipeline | None = None  # the sampling pipeline (`specdec.processing`); built at prefill when None
+    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,8 @@ def _verify_chain(run: Run, proposal: Proposal, drafted: torch.Tensor
         argmax = logits.argmax(dim=-1) if run.sampling.plain else run.pipeline.argmax(logits, prefixes)
         num, out, acceptance = greedy_verdict(argmax, drafted)
     else:
-        num, out, acceptance, uniforms = chain_verdict(run.pipeline.probabilities(logits, prefixes), drafted,
-                                                       proposal.draft.probs, run.generator)
+        num, out, acceptance, uniforms = chain_rule(run.verify_rule)(run.pipeline.probabilities(logits, prefixes),
+                                                                     drafted, proposal.draft.probs, run.generator)
     faults = proposal.faults if proposal.faults is not None else torch.zeros((), dtype=torch.bool, device=lm.device)
     accepted, stop_at, broken = torch.stack([num, first_stop(out, num, run.stop), faults.long()]).tolist()
     if broken:
@@ -327,7 +328,7 @@ def _with_extra(run: Run, proposed: Draft, k: int, parents: list[int] | None
                           f"{run.name!r} in its verify forward: {run.lm.masked_obstacle}; they are dropped "
                           "(the drafter reads ctx.extra_logits = None)", stacklevel=5)
             run.warned_extra = True
-        return Draft(proposed.tokens, proposed.probs, proposed.parents), parents
+        return replace(proposed, extra=None), parents
     return proposed, parents if parents is not None else chain_parents(proposed.tokens.shape[0])
 
 
@@ -345,10 +346,13 @@ def _first_path(run: Run, proposed: Draft, parents: list[int]) -> tuple[Draft, l
 
 
 def _verify_tree(run: Run, tree: TreeLogits, draft_: Draft, parents: list[int]) -> Verdict:
-    """The tree's verdict; each node's p from its own path when the settings read the prefix
-    (all rows at once then: a constraint's matcher walks the tree once)."""
+    """The tree's verdict under the run's rule; each node's p from its own path when the settings
+    read the prefix (all rows at once then: a constraint's matcher walks the tree once), each
+    node's q as its siblings were drawn (`sibling_rows`)."""
     pipeline, sampling = run.pipeline, run.sampling
     assert pipeline is not None
+    verify_tree = tree_rule(run.verify_rule)
+    q = None if sampling.greedy else sibling_rows(draft_.probs, draft_.tokens.tolist(), parents, draft_.siblings)
     if sampling.reads_prefix:
         logits = tree.all()  # (n + 1, V)
         prefixes = draft_prefixes(run, draft_.tokens, parents)
@@ -356,13 +360,13 @@ def _verify_tree(run: Run, tree: TreeLogits, draft_: Draft, parents: list[int]) 
             argmax = pipeline.argmax(logits, prefixes).tolist()
             return verify_tree_greedy(argmax.__getitem__, draft_.tokens, parents)
         p = pipeline.probabilities(logits, prefixes)  # (n + 1, V)
-        return verify_tree(p.__getitem__, draft_.tokens, parents, draft_.probs, run.generator)
+        return verify_tree(p.__getitem__, draft_.tokens, parents, q, run.generator)
     if sampling.greedy:
         if sampling.plain:
             return verify_tree_greedy(tree.argmax, draft_.tokens, parents)
         return verify_tree_greedy(lambda row: int(pipeline.argmax(tree.row(row)[None], None)), draft_.tokens, parents)
     return verify_tree(lambda row: pipeline.probabilities(tree.row(row)[None], None)[0], draft_.tokens, parents,
-                       draft_.probs, run.generator)
+                       q, run.generator)
 
 
 def draft_prefixes(run: Run, draft_tokens: torch.Tensor, parents: list[int] | None) -> Prefixes | None:
