@@ -73,8 +73,10 @@ class DraftModelDrafter:
     tree=True drafts EAGLE-2-style dynamic trees (`specdec.drafters.tree_search`): each depth's
     chosen nodes run in one tree-masked forward of the draft model, and after the verify the
     keys and values of the accepted path are gathered into place in its cache (they are exact:
-    the draft model saw those very tokens), so nothing is recomputed. Options as for eagle; at
-    temperature > 0 the siblings are i.i.d. samples, as for eagle. Its cache is static and its
+    the draft model saw those very tokens), so nothing is recomputed. Options as for eagle:
+    sample=True (the default) draws the draft at temperature > 0 and reports q, a tree's
+    siblings i.i.d. or, with siblings="without_replacement", distinct; sample=False drafts the
+    argmax chain or the top-k tree. Its cache is static and its
     steps fixed-shape like the target's (k + 1 rows, one row, top_k tree rows), compiled when
     the generation compiles; a chain's feed and its whole draft loop are one step.
     """
@@ -84,8 +86,11 @@ class DraftModelDrafter:
 
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
                  total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
-                 shard: bool = False) -> None:
-        self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature)
+                 shard: bool = False, sample: bool = True, siblings: str = "iid") -> None:
+        self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature, siblings)
+        if not isinstance(sample, bool):
+            raise ValueError(f"draft-model: sample must be true or false, got {sample!r}")
+        self.sample = sample
         self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
         self._kept: list[int] = []  # search id of each node of the last tree draft
         self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
@@ -146,7 +151,7 @@ class DraftModelDrafter:
         n = chain_length(ctx, k)  # a chain the budget's end cuts short: the usual one, cut to k
         if self.lm.max_positions is not None and self._committed + n > self.lm.max_positions:
             n = k
-        uniforms = chain_uniforms(ctx, n, not ctx.sampling.greedy)
+        uniforms = chain_uniforms(ctx, n, self.sample and not ctx.sampling.greedy)
         rows = self._feed_rows(pending)
         if n == self._max_draft and self.lm.static and rows is not None and not ctx.sampling.reads_prefix:
             # the usual draft: feed and loop, one step
@@ -179,7 +184,7 @@ class DraftModelDrafter:
             self.lm.rollback(self.lm.cache_length - (rows - len(nodes)))  # the padding is stale
             return out[: len(nodes)]  # (f, V)
 
-        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=True,
+        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=self.sample,
                                  prefix_q=prefix_q(ctx))
         self._columns = columns
         return draft

@@ -168,10 +168,12 @@ class EagleDrafter:
     tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_graph`: the catch-up and the
     whole tree one step): top_k children per expanded node, top_k nodes expanded per depth, the
     total_tokens most probable nodes kept, depth levels at most (None: the loop's k), node values
-    at value_temperature; at temperature > 0 the siblings are i.i.d. draws from the head's
-    processed distribution instead (reported as q), total_tokens split evenly over the levels
-    (`grow_sampled_tree`, a forward per depth). Otherwise a chain, sampled from the head's
-    processed distribution at temperature > 0. The head's cache is static and its steps
+    at value_temperature; at temperature > 0 the siblings are draws from the head's processed
+    distribution instead (reported as q), i.i.d. or, with siblings="without_replacement",
+    distinct, total_tokens split evenly over the levels (`grow_sampled_tree`, a forward per
+    depth). Otherwise a chain, sampled from the head's processed distribution at temperature > 0.
+    sample=False drafts the argmax chain or the top-k tree at every temperature (no q: the
+    verifier's sample-and-match). The head's cache is static and its steps
     fixed-shape (`specdec.drafters.head_steps`), compiled when the generation compiles.
     """
 
@@ -180,8 +182,12 @@ class EagleDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
-                 depth: int | None = None, value_temperature: float = 1.0) -> None:
-        self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature)
+                 depth: int | None = None, value_temperature: float = 1.0, sample: bool = True,
+                 siblings: str = "iid") -> None:
+        self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature, siblings)
+        if not isinstance(sample, bool):
+            raise ValueError(f"eagle: sample must be true or false, got {sample!r}")
+        self.sample = sample
         self.head = load_eagle(path)
         self.steps = HeadSteps(self.head, "the EAGLE head")
         self._feature: torch.Tensor | None = None  # [1, H] f̂ of the last committed position
@@ -209,9 +215,11 @@ class EagleDrafter:
             self._feature = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        topk = self.tree if ctx.sampling.greedy else None  # at temperature > 0 a tree's siblings are sampled
+        sampled = self.sample and not ctx.sampling.greedy  # draw the draft (reporting q), else argmax / top-k
+        topk = None if sampled else self.tree
         if k > 0 and (self.tree is None or topk is not None):  # the usual draft: catch-up and draft in one step
-            draft = fed_chain_draft(self.steps, ctx, "eagle", k, ctx.target.lm_head, ctx.target.embed_tokens, topk)
+            draft = fed_chain_draft(self.steps, ctx, "eagle", k, ctx.target.lm_head, ctx.target.embed_tokens, topk,
+                                    sampled)
             if draft is not None:
                 self._real = self.steps.length - draft_entries(topk, k, ctx)  # the entries past it came from drafts
                 return draft
@@ -223,7 +231,7 @@ class EagleDrafter:
             tree_draft = topk_tree_draft if topk is not None else sampled_tree_draft
             return tree_draft(self.steps, ctx, k, self.tree, ctx.target.lm_head, ctx.target.embed_tokens,
                               self._feature)
-        return chain_draft(self.steps, ctx, k, ctx.target.lm_head, ctx.target.embed_tokens, self._feature)
+        return chain_draft(self.steps, ctx, k, ctx.target.lm_head, ctx.target.embed_tokens, self._feature, sampled)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # Entries past the real pairs came from drafted features: drop them. The accepted

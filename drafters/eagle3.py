@@ -69,8 +69,8 @@ class Eagle3Drafter:
     """Drafts with an EAGLE-3 head loaded from `path` (either layout).
 
     tree=True drafts EAGLE-2 dynamic trees, as `eagle` does (`specdec.drafters.tree_graph`),
-    else a chain; the head's cache is static and its steps fixed-shape, compiled when the
-    generation compiles.
+    else a chain; sample and siblings as for `eagle`. The head's cache is static and its steps
+    fixed-shape, compiled when the generation compiles.
     """
 
     name: ClassVar[str] = "eagle3"
@@ -78,8 +78,12 @@ class Eagle3Drafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
-                 depth: int | None = None, value_temperature: float = 1.0) -> None:
-        self.tree = tree_settings("eagle3", tree, top_k, total_tokens, depth, value_temperature)
+                 depth: int | None = None, value_temperature: float = 1.0, sample: bool = True,
+                 siblings: str = "iid") -> None:
+        self.tree = tree_settings("eagle3", tree, top_k, total_tokens, depth, value_temperature, siblings)
+        if not isinstance(sample, bool):
+            raise ValueError(f"eagle3: sample must be true or false, got {sample!r}")
+        self.sample = sample
         self.head = load_eagle3(path)
         self.steps = HeadSteps(self.head, "the EAGLE-3 head")
         self.vocab = TargetVocab(self.head)
@@ -117,9 +121,10 @@ class Eagle3Drafter:
             self._out = out
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        topk = self.tree if ctx.sampling.greedy else None  # at temperature > 0 a tree's siblings are sampled
+        sampled = self.sample and not ctx.sampling.greedy  # draw the draft (reporting q), else argmax / top-k
+        topk = None if sampled else self.tree
         if k > 0 and (self.tree is None or topk is not None):  # the usual draft: catch-up and draft in one step
-            draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx), topk)
+            draft = fed_chain_draft(self.steps, ctx, "eagle3", k, self.vocab, self._embed(ctx), topk, sampled)
             if draft is not None:
                 self._real = self.steps.length - draft_entries(topk, k, ctx)  # the entries past it came from drafts
                 return draft
@@ -130,7 +135,7 @@ class Eagle3Drafter:
         if self.tree is not None:
             tree_draft = topk_tree_draft if topk is not None else sampled_tree_draft
             return tree_draft(self.steps, ctx, k, self.tree, self.vocab, self._embed(ctx), self._out)
-        return chain_draft(self.steps, ctx, k, self.vocab, self._embed(ctx), self._out)
+        return chain_draft(self.steps, ctx, k, self.vocab, self._embed(ctx), self._out, sampled)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         self.steps.kv.rollback(min(self._real, self.steps.length))

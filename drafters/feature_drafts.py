@@ -45,14 +45,15 @@ def eagle_chain(head: Any, cache: Any, feature: torch.Tensor, lm_head: nn.Module
 
 
 def chain_draft(steps: HeadSteps, ctx: DraftContext, k: int, logits: nn.Module, embed: nn.Module,
-                feature: torch.Tensor) -> Draft:
+                feature: torch.Tensor, sampled: bool = True) -> Draft:
     """A chain of k tokens from a feature-level head's last output `feature` [1, H], fed back
     through (embed(d_i), feature) pairs at positions T-1, T, ...; `logits` maps a feature to [1, V].
     The usual draft (k = the loop's k) is one step, one graph when compiled, and so is one the
     budget's end cuts short (`chain_length`: the usual one, cut to k); a shorter one of k=auto runs
-    head step by head step."""
+    head step by head step. `sampled`: draw each token at temperature > 0 (reported as q), else
+    each token is the head's argmax."""
     n = chain_length(ctx, k)
-    positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
+    positions, uniforms = chain_inputs(ctx, n, sampled and not ctx.sampling.greedy)
     if n == ctx.engine.max_draft and not ctx.sampling.reads_prefix:
         tokens, probs = steps.chain(eagle_chain, n - 1, feature, logits, embed, positions, uniforms, ctx.sampling, n)
         return cut_chain(tokens, probs, k)
@@ -85,7 +86,7 @@ def draft_entries(tree: DynamicTree | None, k: int, ctx: DraftContext) -> int:
 
 
 def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, logits: nn.Module,
-                    embed: nn.Module, tree: DynamicTree | None = None) -> Draft | None:
+                    embed: nn.Module, tree: DynamicTree | None = None, sampled: bool = True) -> Draft | None:
     """The usual draft (k = the loop's k, or a chain the budget's end cuts short: `chain_length`)
     with the catch-up on the pairs not yet cached in the same step (`HeadSteps.fed_chain`: one graph
     when compiled, not two): a chain, or with `tree` the top-k tree (`eagle_tree`); `embed` embeds
@@ -105,7 +106,7 @@ def fed_chain_draft(steps: HeadSteps, ctx: DraftContext, drafter: str, k: int, l
                                           tree, depth)
         return Draft(tokens, None, parents)
     n = ctx.engine.max_draft
-    positions, uniforms = chain_inputs(ctx, n, not ctx.sampling.greedy)
+    positions, uniforms = chain_inputs(ctx, n, sampled and not ctx.sampling.greedy)
     tokens, probs = steps.fed_chain(eagle_chain, rows, pairs, n - 1, logits, embed, positions, uniforms,
                                     ctx.sampling, n)
     return cut_chain(tokens, probs, k)
@@ -141,7 +142,7 @@ def topk_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTr
 
 def sampled_tree_draft(steps: HeadSteps, ctx: DraftContext, k: int, tree: DynamicTree, logits: nn.Module,
                        embed: nn.Module, root: torch.Tensor) -> Draft:
-    """A tree of i.i.d. sampled siblings (`grow_sampled_tree`, temperature > 0) from the root's
+    """A tree of sampled siblings (`grow_sampled_tree`, temperature > 0) from the root's
     output [1, H]: each depth's chosen nodes run as pairs (d, the parent's output) in one forward
     (padded to top_k rows) on top of the real entries, at position T - 2 + depth."""
     columns = TreeColumns(steps.length, steps.width, rows=tree.top_k)

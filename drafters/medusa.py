@@ -37,9 +37,11 @@ from torch import nn
 from specdec.checkpoints import resolve_checkpoint
 from specdec.drafters.medusa_choices import (DEFAULT_MAX_RANK, PRESETS, ChoiceLayout, check_medusa_choices,
                                              choice_layout, default_medusa_choices)
+from specdec.drafters.tree_search import SAMPLED_SIBLINGS, draw_siblings
 from specdec.protocols import DraftContext
 from specdec.runtime.engine import Step
 from specdec.sampling import probabilities
+from specdec.trees import children
 from specdec.types import Draft
 
 __all__ = ["MedusaDrafter", "MedusaHeads", "check_medusa_choices", "default_medusa_choices", "load_medusa",
@@ -207,10 +209,12 @@ class MedusaDrafter:
     directory or a hub id), or a Medusa tree of the heads' top-k candidates.
 
     sample: draw from each head's processed distribution (reported as q) when the sampling
-    is not greedy; by default drafts are each head's argmax (chain mode only).
+    is not greedy; by default drafts are each head's argmax, a tree's nodes its top-k.
     medusa_choices: the tree's paths of top-k ranks, e.g. [(0,), (1,), (0, 0), (0, 1)], or
-    "default"; tree: True for the default tree (`default_medusa_choices`). The heads follow
-    the target's device and dtype.
+    "default"; tree: True for the default tree (`default_medusa_choices`). A sampled tree has
+    the choices' shape, each node's children drawn from the head of their depth (i.i.d., or
+    distinct with siblings="without_replacement"; a group the processed distribution cannot
+    fill keeps fewer). The heads follow the target's device and dtype.
     """
 
     name: ClassVar[str] = "medusa"
@@ -223,9 +227,13 @@ class MedusaDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False,
-                 medusa_choices: Sequence[Sequence[int]] | str | None = None) -> None:
+                 medusa_choices: Sequence[Sequence[int]] | str | None = None, siblings: str = "iid") -> None:
         self.heads, self.file = _load(path)
         self.sample = bool(sample)
+        if siblings not in SAMPLED_SIBLINGS:
+            raise ValueError(f"medusa: siblings must be one of {', '.join(map(repr, SAMPLED_SIBLINGS))}, "
+                             f"got {siblings!r}")
+        self.siblings = siblings
         if not isinstance(tree, bool):
             raise ValueError(f"medusa: tree must be true or false, got {tree!r}")
         if isinstance(medusa_choices, str):
@@ -239,9 +247,6 @@ class MedusaDrafter:
         elif tree:
             self.choices = default_medusa_choices(self.heads.num_heads,
                                                   max_rank=min(DEFAULT_MAX_RANK, self.heads.vocab_size))
-        if self.choices is not None and self.sample:
-            raise ValueError("medusa: sample=True draws a chain from the heads; a tree (tree / medusa_choices) "
-                             "holds their deterministic top-k candidates; choose one")
         self._layouts: dict[tuple[int, torch.device], ChoiceLayout] = {}
         self._last: torch.Tensor | None = None  # (1, H) hidden state of tokens[-2]
         self._step = Step(_heads_forward, "the Medusa heads", False, self.heads)
@@ -276,6 +281,8 @@ class MedusaDrafter:
         if self._last is None or count <= 0:
             return Draft(ctx.tokens[:0])
         if self.choices is not None:
+            if self.sample and not ctx.sampling.greedy:
+                return self._propose_sampled_tree(ctx, count)
             return self._propose_tree(count)
         logits = self._logits()[:count]  # (k', V)
         if self.sample and not ctx.sampling.greedy:
@@ -302,6 +309,38 @@ class MedusaDrafter:
         logits = self._logits()[: layout.count]  # (heads used, V)
         top = logits.topk(layout.ranks, dim=-1).indices  # (heads used, ranks)
         return Draft(top[layout.heads, layout.rank_of], parents=layout.parents)
+
+    def _propose_sampled_tree(self, ctx: DraftContext, depth: int) -> Draft:
+        """The choices' tree at most `depth` deep with sampled nodes: each node's children drawn
+        from the processed distribution of the head of their depth (from the node's own path when
+        the settings read the prefix), as `self.siblings` says (`draw_siblings`); a child the
+        draw could not give is dropped with its subtree."""
+        assert self._last is not None and self.choices is not None
+        layout = choice_layout(self.choices, depth, self._last.device)
+        logits = self._logits()[: layout.count]  # (heads used, V)
+        shared = None if ctx.sampling.reads_prefix else probabilities(logits, ctx.sampling)  # (heads used, V)
+        heads = layout.heads.tolist()
+        placed: dict[int, int] = {}  # choice node -> draft node
+        paths: list[list[int]] = []  # each draft node's tokens from the root
+        tokens: list[int] = []
+        parents: list[int] = []
+        rows: list[torch.Tensor] = []
+        for row, group in enumerate(children(layout.parents.tolist())):
+            parent = row - 1
+            if not group or (parent >= 0 and parent not in placed):
+                continue
+            head = heads[group[0]]
+            path = paths[placed[parent]] if parent >= 0 else []
+            q = shared[head] if shared is not None else ctx.probabilities(logits[head : head + 1], [path])[0]  # (V,)
+            for node, token in zip(group, draw_siblings(q, len(group), self.siblings, ctx.generator)):
+                placed[node] = len(tokens)
+                paths.append(path + [token])
+                tokens.append(token)
+                parents.append(placed[parent] if parent >= 0 else -1)
+                rows.append(q)
+        device = self._last.device
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=device), torch.stack(rows),
+                     torch.tensor(parents, dtype=torch.long, device=device), siblings=self.siblings)
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
         # The loop gathers the accepted path's hidden rows (ctx.accepted's nodes) in order, so

@@ -96,7 +96,8 @@ class MtpDrafter:
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
     most probable nodes kept, depth levels at most (None: the loop's k), node values at
     value_temperature; stage d runs depth d. With sample=True and temperature > 0 the siblings
-    are i.i.d. draws from the processed distribution (reported as q) instead of a top-k.
+    are draws from the processed distribution (reported as q) instead of a top-k: i.i.d., or
+    distinct with siblings="without_replacement".
     """
 
     name: ClassVar[str] = "mtp"
@@ -104,8 +105,9 @@ class MtpDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False, top_k: int = 4,
-                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0) -> None:
-        self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature)
+                 total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
+                 siblings: str = "iid") -> None:
+        self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature, siblings)
         self.head = load_mtp(path)
         self.sample = bool(sample)
         self.steps = HeadSteps(self.head, "the MTP module")

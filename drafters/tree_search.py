@@ -30,8 +30,10 @@ from specdec.protocols import DraftContext
 from specdec.sampling import probabilities
 from specdec.types import Draft, Sampling
 
-__all__ = ["DynamicTree", "TreeColumns", "TreeSearch", "grow", "grow_sampled_tree", "grow_tree", "prefix_q",
-           "tree_settings"]
+__all__ = ["SAMPLED_SIBLINGS", "DynamicTree", "TreeColumns", "TreeSearch", "draw_siblings", "grow",
+           "grow_sampled_tree", "grow_tree", "prefix_q", "tree_settings"]
+
+SAMPLED_SIBLINGS = ("iid", "without_replacement")  # how a sampled tree draws a node's children
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,22 @@ class DynamicTree:
     calibrated; a small under-confident drafter spreads its tree too wide and too shallow. The
     zoo fits this temperature on held-out text (temperature scaling, Guo et al. 2017, "On
     Calibration of Modern Neural Networks") and passes it with the drafter's options.
+
+    siblings: how a sampled tree (temperature > 0) draws a node's children (`draw_siblings`):
+    "iid" or "without_replacement" (distinct children, each verified against q with its elder
+    siblings removed). A top-k tree's children are distinct deterministic candidates either way.
     """
 
     top_k: int = 4
     total_tokens: int = 16
     depth: int | None = None
     value_temperature: float = 1.0
+    siblings: str = "iid"
 
     def __post_init__(self) -> None:
+        if self.siblings not in SAMPLED_SIBLINGS:
+            raise ValueError(f"siblings must be one of {', '.join(map(repr, SAMPLED_SIBLINGS))} (how a sampled "
+                             f"tree draws a node's children), got {self.siblings!r}")
         for name in ("top_k", "total_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -65,13 +75,13 @@ class DynamicTree:
 
 
 def tree_settings(drafter: str, tree: bool, top_k: int, total_tokens: int, depth: int | None,
-                  value_temperature: float = 1.0) -> DynamicTree | None:
+                  value_temperature: float = 1.0, siblings: str = "iid") -> DynamicTree | None:
     """The drafter's DynamicTree when `tree` is true (None: chains); errors name the drafter."""
     if not isinstance(tree, bool):
         raise ValueError(f"{drafter}: tree must be true or false, got {tree!r}")
     try:
         settings = DynamicTree(top_k=top_k, total_tokens=total_tokens, depth=depth,
-                               value_temperature=value_temperature)
+                               value_temperature=value_temperature, siblings=siblings)
     except ValueError as error:
         raise ValueError(f"{drafter}: {error}") from None
     return settings if tree else None
@@ -141,9 +151,10 @@ def grow_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, 
 def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int,
                       sampling: Sampling, generator: torch.Generator, prefix_q: PrefixQ | None = None
                       ) -> tuple[Draft, list[int]]:
-    """A tree of i.i.d. sampled siblings for temperature > 0 (SpecInfer's multi-step speculative
-    sampling, Miao et al. 2024, §4.3): each node's children are independent draws from the
-    drafter's processed distribution q there, reported as the draft's probs.
+    """A tree of sampled siblings for temperature > 0 (SpecInfer's multi-step speculative
+    sampling, Miao et al. 2024, §4.3): each node's children are draws from the drafter's
+    processed distribution q there, reported as the draft's probs, i.i.d. or without replacement
+    as `settings.siblings` says (`draw_siblings`; the draft declares it).
 
     Nothing drawn is ever dropped (pruning a sibling for its token would bias the rest). The
     shape is decided before each draw: the node budget `total_tokens` is split evenly over the
@@ -170,19 +181,19 @@ def grow_sampled_tree(root_logits: torch.Tensor, expand: Expand, settings: Dynam
             logits = expand(search, parents)
         counts = [min(settings.top_k, budget // len(parents) + (i < budget % len(parents)))
                   for i in range(len(parents))]
-        newest = _draw_children(search, logits, parents, counts, sampling, generator, settings.value_temperature,
-                                prefix_q)
+        newest = _draw_children(search, logits, parents, counts, sampling, generator, settings, prefix_q)
         if not newest:
             break
     probs = torch.stack(search.rows) if search.rows else None  # (n, V)
     return Draft(torch.tensor(search.tokens, dtype=torch.long, device=device), probs,
-                 torch.tensor(search.parents, dtype=torch.long, device=device)), list(range(len(search.tokens)))
+                 torch.tensor(search.parents, dtype=torch.long, device=device), siblings=settings.siblings
+                 ), list(range(len(search.tokens)))
 
 
 def grow(root_logits: torch.Tensor, expand: Expand, settings: DynamicTree, k: int, sampling: Sampling,
          generator: torch.Generator, sampled: bool, prefix_q: PrefixQ | None = None) -> tuple[Draft, list[int]]:
-    """The drafter's tree for this step: i.i.d. sampled siblings when `sampled` and the sampling is
-    not greedy, else the EAGLE-2 tree of top-k candidates (deterministic: exact whatever q)."""
+    """The drafter's tree for this step: sampled siblings when `sampled` and the sampling is not
+    greedy, else the EAGLE-2 tree of top-k candidates (deterministic: exact whatever q)."""
     if sampled and not sampling.greedy:
         return grow_sampled_tree(root_logits, expand, settings, k, sampling, generator, prefix_q)
     return grow_tree(root_logits, expand, settings, k, root_logits.device)
@@ -203,23 +214,38 @@ def _path(search: TreeSearch, node: int) -> list[int]:
     return path[::-1]
 
 
+def draw_siblings(q: torch.Tensor, count: int, siblings: str, generator: torch.Generator) -> list[int]:
+    """`count` children of one node from q [V], in draw order: i.i.d. draws ("iid"), or successive
+    draws without replacement ("without_replacement"), at most as many as q has tokens. Without
+    replacement is Gumbel-top-k: the tokens of the `count` largest log q(x) + Gumbel noise, in
+    decreasing order, are distributed as draws without replacement in that order (Kool, van Hoof
+    and Welling 2019, "Stochastic Beams and Where to Find Them")."""
+    if siblings == "iid":
+        return torch.multinomial(q, count, replacement=True, generator=generator).tolist()
+    count = min(count, int((q > 0).sum()))
+    uniforms = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)  # (V,)
+    scores = q.double().log() - (-uniforms.log()).log()  # (V,) log q + Gumbel(0, 1); -inf where q = 0
+    return scores.topk(count).indices.tolist()
+
+
 def _draw_children(search: TreeSearch, logits: torch.Tensor, parents: list[int], counts: list[int],
-                   sampling: Sampling, generator: torch.Generator, temperature: float,
+                   sampling: Sampling, generator: torch.Generator, settings: DynamicTree,
                    prefix_q: PrefixQ | None = None) -> list[int]:
-    """Draw counts[i] i.i.d. children of parents[i] from the processed rows of logits [f, V]."""
+    """Draw counts[i] children of parents[i] from the processed rows of logits [f, V]
+    (`draw_siblings`, as `settings.siblings` says)."""
     if prefix_q is not None:
         q = prefix_q(logits, [_path(search, parent) for parent in parents])  # (f, V)
     else:
         q = probabilities(logits, sampling)  # (f, V)
-    log_values = torch.log_softmax(logits.float() / temperature, dim=-1)  # (f, V)
+    log_values = torch.log_softmax(logits.float() / settings.value_temperature, dim=-1)  # (f, V)
     made: list[int] = []
     for i, (parent, count) in enumerate(zip(parents, counts)):
         if count <= 0:
             continue
-        drawn = torch.multinomial(q[i], count, replacement=True, generator=generator)  # (count,)
+        drawn = draw_siblings(q[i], count, settings.siblings, generator)
         base = search.values[parent] if parent >= 0 else 0.0
         depth = search.depths[parent] + 1 if parent >= 0 else 1
-        for token, value in zip(drawn.tolist(), log_values[i, drawn].tolist()):
+        for token, value in zip(drawn, log_values[i, drawn].tolist()):
             made.append(len(search.tokens))
             search.tokens.append(token)
             search.parents.append(parent)

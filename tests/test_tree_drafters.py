@@ -394,8 +394,9 @@ def test_other_medusa_options_are_checked(tmp_path):
     directory = checkpoint(tmp_path, random_heads())
     with pytest.raises(ValueError, match="tree must be true or false, got 'yes'"):
         MedusaDrafter(directory, tree="yes")
-    with pytest.raises(ValueError, match="sample=True draws a chain"):
-        MedusaDrafter(directory, sample=True, tree=True)
+    with pytest.raises(ValueError, match="siblings must be one of 'iid', 'without_replacement', got 'sorted'"):
+        MedusaDrafter(directory, sample=True, tree=True, siblings="sorted")
+    assert MedusaDrafter(directory, sample=True, tree=True).choices is not None  # a sampled tree
     assert check_medusa_choices([[1], [0], [0, 0]], 3, VOCAB) == [(0,), (1,), (0, 0)]  # lists, any order
     assert MedusaDrafter(directory).choices is None
 

@@ -81,7 +81,7 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
                 result = generate_batch(model, rows, drafter=drafter, num_draft_tokens=int(contender.k or 0),
                                         max_new_tokens=config.max_new_tokens, sampling=config.sampling,
                                         seed=config.seed + repeat, compile=contender.compile,
-                                        tokenizer=tokenizer)
+                                        tokenizer=tokenizer, verify_rule=contender.verify_rule)
                 wall = result.totals.wall_seconds - (compile_seconds() - before)
                 steps = sum(row.stats.steps for row in result)
                 figures = (result.totals.new_tokens / wall, result.totals.new_tokens / steps if steps else 0.0,

@@ -44,6 +44,7 @@ class Contender:
     tree: bool = False  # whether the drafter's options make it draft token trees
     compile: bool = False  # specdec's compiled engine (`generate(..., compile=True)`)
     baseline: str = "plain"  # the label of the plain row its speedup divides by (the same engine's)
+    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
 
     @property
     def engine(self) -> str:
@@ -80,7 +81,8 @@ def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, draft
         return result.tokens, result.stats, ()
     k = AUTO_MAX if contender.k == "auto" else contender.k
     result = generate(target, prompt, drafter, num_draft_tokens=int(k), max_new_tokens=max_new_tokens,
-                      sampling=sampling, seed=seed, compile=contender.compile, tokenizer=tokenizer)
+                      sampling=sampling, seed=seed, compile=contender.compile, tokenizer=tokenizer,
+                      verify_rule=contender.verify_rule)
     return result.tokens, result.stats, tuple(getattr(drafter, "history", ()))
 
 

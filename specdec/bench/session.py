@@ -22,6 +22,7 @@ from specdec.distributed.sharding import agree_object, is_main_process
 from specdec.errors import one_line
 from specdec.runtime.timing import forward_costs, tree_forward_costs
 from specdec.types import Sampling
+from specdec.verifier import check_verify_rule
 from specdec.versions import software_versions
 
 __all__ = ["ENGINES", "BenchConfig", "contenders_for", "default_drafters", "drafts_trees", "machine_info", "run_session",
@@ -51,6 +52,7 @@ class BenchConfig:
     zoo: Path | None = None  # the zoo family benchmarked: its evaluation prompts are the held-out code prompts
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
     prompt_format: str = "auto"  # "chat-template", "raw", or auto: the template for Spec-Bench questions if any
+    verify_rules: tuple[str, ...] = ("token",)  # a row per rule for every drafter (`specdec.verifier.rules`)
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -60,6 +62,10 @@ class BenchConfig:
             raise ValueError(f"engines must be distinct values of {ENGINES}, got {self.engines!r}")
         if self.max_repeats is not None and self.max_repeats < self.repeats:
             raise ValueError(f"max_repeats (--max-repeats) must be >= repeats ({self.repeats}), got {self.max_repeats}")
+        if not self.verify_rules or len(set(self.verify_rules)) != len(self.verify_rules):
+            raise ValueError(f"verify_rules must be distinct rule names, got {self.verify_rules!r}")
+        for rule in self.verify_rules:
+            check_verify_rule(rule)
         if not self.noise_bound > 0:
             raise ValueError(f"noise_bound (--noise-bound) must be > 0 (a relative spread such as 0.1), got "
                              f"{self.noise_bound}")
@@ -86,11 +92,15 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
 
 
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool,
-                   engines: Sequence[str] = ("eager",)) -> list[Contender]:
-    """Plain decoding, each drafter at each k (a drafter's own `k` option wins), then the peers.
+                   engines: Sequence[str] = ("eager",), rules: Sequence[str] = ("token",)) -> list[Contender]:
+    """Plain decoding, each drafter at each k (a drafter's own `k` option wins) under each
+    verification rule, then the peers.
 
     A drafter in tree mode is labelled NAME+tree; rows that would share a label get their
-    options appended. With both engines every specdec row comes twice, eager then compiled
+    options appended. With several rules each drafter row comes once per rule, labelled
+    NAME/RULE: every rule's row decodes the same prompts with the same seeds, so the drafter's
+    first draft and the verifier's first uniforms are the same for each (matched draws until
+    the verdicts differ). With both engines every specdec row comes twice, eager then compiled
     (labelled NAME@compiled), each compared with plain decoding on its own engine.
     """
     out: list[Contender] = []
@@ -110,10 +120,12 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             label = f"{label}[{shown}]"
         named.append((label, drafter, own, k, tree))
     for label, drafter_name, own, k, tree in [("plain", None, {}, 0, False), *named]:
-        for engine in engines:
-            suffix = "@compiled" if engine == "compiled" and len(engines) > 1 else ""
-            out.append(Contender(label + suffix, drafter_name, own, k, tree=tree, compile=engine == "compiled",
-                                 baseline="plain" + suffix))
+        for rule in rules if drafter_name is not None else ("token",):
+            ruled = f"{label}/{rule}" if drafter_name is not None and len(rules) > 1 else label
+            for engine in engines:
+                suffix = "@compiled" if engine == "compiled" and len(engines) > 1 else ""
+                out.append(Contender(ruled + suffix, drafter_name, own, k, tree=tree, compile=engine == "compiled",
+                                     baseline="plain" + suffix, verify_rule=rule))
     if peers:
         int_ks = [k for k in ks if isinstance(k, int)] or [4]
         out.append(Contender("hf-plain", peer="hf-plain", k=0))
@@ -161,7 +173,7 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     used = used_prompt_format(config, tokenizer)  # fails before any run
     questions = load_questions(config.prompts) if config.prompts is not None else _code_questions(config)
     peers = config.peers and not hf_missing(config.sampling)
-    contenders = contenders_for(config.drafters, config.ks, peers, config.engines)
+    contenders = contenders_for(config.drafters, config.ks, peers, config.engines, config.verify_rules)
     assistant = None
     for contender in contenders:
         if contender.drafter == "draft-model" and peers:

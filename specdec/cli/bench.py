@@ -87,7 +87,8 @@ def _bench(args: argparse.Namespace) -> int:
                              seed=args.seed, peers=not args.no_peers,
                              prompts=Path(args.prompts) if args.prompts else None,
                              prompts_per_category=args.prompts_per_category, zoo=zoo_dir,
-                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format)
+                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format,
+                             verify_rules=tuple(args.verify_rule))
         tokenizer, model = load_target(target, args)
         bars: list[Any] = []
 
@@ -156,7 +157,8 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
         raise ValueError(f"--batch runs one draft length: give one int --k, got {' '.join(map(str, args.k))}")
     if any("k" in options and options["k"] == "auto" for _, options in drafters):
         raise ValueError("--batch does not run k=auto drafters")
-    contenders = tuple(c for c in contenders_for(drafters, args.k, False, (engine,)) if c.peer is None)
+    contenders = tuple(c for c in contenders_for(drafters, args.k, False, (engine,), tuple(args.verify_rule))
+                       if c.peer is None)
     config = BatchCurveConfig(batches=tuple(args.batch), contenders=contenders, sampling=sampling,
                               max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
                               seed=args.seed, peers=not args.no_peers, noise_bound=args.noise_bound)
@@ -208,7 +210,7 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
 def add_bench_command(commands: Any) -> None:
     """Register `bench` under the top-level subparsers."""
     from specdec.bench.report import NOISE_BOUND
-    from specdec.cli.sampling_options import add_penalty_options
+    from specdec.cli.sampling_options import add_penalty_options, add_verify_rule_option
     from specdec.data.chat import PROMPT_FORMATS
 
     bench = commands.add_parser("bench", help="compare drafters and transformers' decoding on one target")
@@ -235,6 +237,7 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--top-k", type=int, default=0)
     bench.add_argument("--top-p", type=float, default=1.0)
     add_penalty_options(bench)
+    add_verify_rule_option(bench, several=True)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
     bench.add_argument("--max-repeats", type=int, default=None, metavar="N",

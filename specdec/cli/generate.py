@@ -8,7 +8,7 @@ from typing import Any
 
 from specdec.cli.common import (CLIError, add_model_options, drafter_from_spec, load_target, model_device,
                                 resolve_target, stats_line)
-from specdec.cli.sampling_options import add_penalty_options, sampling_from
+from specdec.cli.sampling_options import add_penalty_options, add_verify_rule_option, sampling_from
 from specdec.decoding.generate import generate
 from specdec.errors import one_line
 from specdec.types import Sampling
@@ -85,7 +85,8 @@ def _generate_batch_command(args: argparse.Namespace, sampling: Sampling) -> int
         eos = _tokenizer_eos_ids(tokenizer, model) or None
         results = generate_batch(model, prompts, drafter=drafter, num_draft_tokens=args.k,
                                  max_new_tokens=args.max_new_tokens, sampling=sampling, eos_token_id=eos,
-                                 seed=args.seed, compile=args.compile, tokenizer=tokenizer)
+                                 seed=args.seed, compile=args.compile, tokenizer=tokenizer,
+                                 verify_rule=args.verify_rule)
     except (ValueError, OSError) as error:
         raise CLIError(one_line(error)) from None
     for number, result in enumerate(results, start=1):
@@ -119,11 +120,13 @@ def _generate_command(args: argparse.Namespace) -> int:
             from specdec.cli.trace import traced_generate
 
             result = traced_generate(model, tokenizer, prompt, drafter, args.k, args.max_new_tokens, sampling, eos,
-                                     args.seed, args.trace, args.show_steps, compile=args.compile)
+                                     args.seed, args.trace, args.show_steps, compile=args.compile,
+                                     verify_rule=args.verify_rule)
         else:
             result = generate(model, prompt, drafter=drafter, num_draft_tokens=args.k,
                               max_new_tokens=args.max_new_tokens, sampling=sampling, eos_token_id=eos,
-                              seed=args.seed, compile=args.compile, tokenizer=tokenizer)
+                              seed=args.seed, compile=args.compile, tokenizer=tokenizer,
+                              verify_rule=args.verify_rule)
     except (ValueError, OSError) as error:
         raise CLIError(one_line(error)) from None
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))
@@ -149,6 +152,7 @@ def add_generate_command(commands: Any) -> None:
     gen.add_argument("--top-k", type=int, default=0, help="0 disables (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="1.0 disables (default)")
     add_penalty_options(gen)
+    add_verify_rule_option(gen)
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     add_model_options(gen)
     gen.add_argument("--trace", metavar="FILE.html", default=None, help="write every step as a page")

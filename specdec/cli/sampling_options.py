@@ -11,7 +11,21 @@ from specdec.cli.common import CLIError
 from specdec.errors import one_line
 from specdec.types import Sampling
 
-__all__ = ["add_penalty_options", "describe", "sampling_from"]
+__all__ = ["add_penalty_options", "add_verify_rule_option", "describe", "sampling_from"]
+
+
+def add_verify_rule_option(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """`--verify-rule`: the verification rule (`specdec.verifier.rules`); with `several`, one or more
+    (the bench adds a row per rule)."""
+    from specdec.verifier.rules import VERIFY_RULES
+
+    if several:
+        parser.add_argument("--verify-rule", nargs="+", choices=VERIFY_RULES, default=["token"], metavar="RULE",
+                            help=f"verification rules, a row each ({', '.join(VERIFY_RULES)}; default token)")
+    else:
+        parser.add_argument("--verify-rule", choices=VERIFY_RULES, default="token",
+                            help="the verification rule (default token): block keeps more of a sampled chain, "
+                                 "traversal of a sampled tree; every rule is lossless")
 
 
 def add_penalty_options(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.cli.common import CLIError, add_model_options, load_target
+from specdec.cli.sampling_options import add_verify_rule_option
 from specdec.distributed.sharding import is_main_process
 from specdec.errors import one_line
 
@@ -17,7 +18,7 @@ __all__ = ["add_trace_command", "traced_generate"]
 
 def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any, k: int, max_new_tokens: int,
                     sampling: Any, eos: list[int] | None, seed: int | None, html: str | None,
-                    show_steps: bool, compile: bool = False) -> Any:
+                    show_steps: bool, compile: bool = False, verify_rule: str = "token") -> Any:
     """Generate with a trace; write the page and/or print the step view; returns the Generation."""
     from specdec.decoding.generate import generate
     from specdec.teaching.trace import Trace
@@ -26,7 +27,7 @@ def traced_generate(model: Any, tokenizer: Any, prompt: list[int], drafter: Any,
     trace = Trace()
     result = generate(model, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=max_new_tokens,
                       sampling=sampling, eos_token_id=eos, seed=seed, trace=trace, compile=compile,
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, verify_rule=verify_rule)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids))
@@ -73,7 +74,8 @@ def _trace(args: argparse.Namespace) -> int:
         if not prompt:
             raise ValueError(f"the prompt {text!r} tokenises to no tokens; give a non-empty prompt")
         result = traced_generate(model, tokenizer, prompt, drafter, args.k, args.max_new_tokens, sampling, None,
-                                 args.seed, args.out, not args.quiet, compile=args.compile)
+                                 args.seed, args.out, not args.quiet, compile=args.compile,
+                                 verify_rule=args.verify_rule)
     except (ValueError, TypeError, OSError, KeyError) as error:
         raise CLIError(one_line(error)) from None
     print(stats_line(result.stats))
@@ -97,5 +99,6 @@ def add_trace_command(commands: Any) -> None:
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--out", default="trace.html", metavar="FILE", help="default ./trace.html")
     trace.add_argument("--quiet", action="store_true", help="no step view in the terminal")
+    add_verify_rule_option(trace)
     add_model_options(trace)
     trace.set_defaults(run=_trace)

@@ -1,0 +1,134 @@
+"""Each verification rule stays lossless on real drafters, by a chi-square test: block
+verification for the sampled chains of every learned drafter, traversal verification and the
+sibling rule for their sampled trees, with siblings drawn i.i.d. or without replacement.
+
+The setting is temperature 0.8 with top-p 0.95; the tiny target and the drafters are those of
+`test_processing_statistical` (whose plain-sampling law is enumerated without specdec). Seeds are
+fixed and the false-alarm rate is ALPHA = 1e-4, so a red run means a bug. The exact proofs, with
+their planted bugs, are `test_verification_rules`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec import Sampling
+from specdec.drafters import DraftModelDrafter
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.eagle3 import Eagle3Drafter
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.drafters.mtp import MtpDrafter
+
+from test_eagle import random_head, save_eagle
+from test_eagle3 import write_head
+from test_lossless_statistical import ALPHA, chi_square_p_value
+from test_medusa import checkpoint, random_heads
+from test_mtp import mtp_tensors, write_target
+from test_processing_statistical import HIDDEN, _law, _target
+from tiny import tiny_model
+
+RUNS = 400
+NUM_DRAFT = 3
+VOCAB, LENGTH = 5, 3
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
+NUCLEUS = Sampling(temperature=0.8, top_p=0.95)
+TREE = {"tree": True, "top_k": 2, "total_tokens": 5}
+
+Build = Callable[[Path], tuple[torch.nn.Module, object]]
+
+
+def _draft_model(**options: object) -> Build:
+    return lambda d: (_target(VOCAB), DraftModelDrafter(tiny_model(seed=1, vocab_size=VOCAB, layers=1, hidden=HIDDEN,
+                                                                   head_scale=8.0), **options))
+
+
+def _eagle(**options: object) -> Build:
+    return lambda d: (_target(VOCAB), EagleDrafter(save_eagle(random_head(seed=4, hidden=HIDDEN, vocab=VOCAB), d),
+                                                   **options))
+
+
+def _eagle3(**options: object) -> Build:
+    return lambda d: (_target(VOCAB), Eagle3Drafter(write_head(d, seed=4, vocab=VOCAB, draft_vocab=VOCAB - 1,
+                                                               hidden=HIDDEN, target_hidden=HIDDEN, layers=(0, 1, 1)),
+                                                    **options))
+
+
+def _medusa(**options: object) -> Build:
+    return lambda d: (_target(VOCAB), MedusaDrafter(checkpoint(d, random_heads(num_heads=2, hidden=HIDDEN, vocab=VOCAB,
+                                                                               seed=3)), sample=True, **options))
+
+
+def _mtp(**options: object) -> Build:
+    def build(d: Path) -> tuple[torch.nn.Module, object]:
+        target = _target(VOCAB, "qwen3")
+        return target, MtpDrafter(write_target(target, mtp_tensors(target, "qwen", seed=4), d), sample=True, **options)
+    return build
+
+
+WITHOUT = {"siblings": "without_replacement"}
+# (drafter, rule) -> the target and drafter
+CASES: dict[tuple[str, str], Build] = {
+    ("draft-model", "block"): _draft_model(),
+    ("eagle", "block"): _eagle(),
+    ("eagle3", "block"): _eagle3(),
+    ("medusa", "block"): _medusa(),
+    ("mtp", "block"): _mtp(),
+    ("draft-model+tree", "traversal"): _draft_model(**TREE),
+    ("draft-model+tree-without-replacement", "traversal"): _draft_model(**TREE, **WITHOUT),
+    ("draft-model+tree-without-replacement", "token"): _draft_model(**TREE, **WITHOUT),
+    ("eagle+tree-without-replacement", "traversal"): _eagle(**TREE, **WITHOUT),
+    ("eagle3+tree", "traversal"): _eagle3(**TREE),
+    ("medusa+tree-without-replacement", "traversal"): _medusa(medusa_choices=[(0,), (1,), (0, 0), (0, 1), (1, 0)],
+                                                              **WITHOUT),
+    ("medusa+tree", "token"): _medusa(medusa_choices=[(0,), (1,), (0, 0), (0, 1), (1, 0)]),
+    ("mtp+tree-without-replacement", "traversal"): _mtp(**TREE, **WITHOUT),
+}
+
+
+def counts(target: torch.nn.Module, drafter: object, rule: str, cells: list[tuple[int, ...]]
+           ) -> tuple[np.ndarray, int, int, int]:
+    """Counts over `cells` of RUNS generations (seeds 0, 1, ...), the outputs outside them, and
+    the drafted / accepted totals."""
+    outcomes: Counter[tuple[int, ...]] = Counter()
+    drafted = accepted = 0
+    for seed in range(RUNS):
+        result = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=LENGTH,
+                                  sampling=NUCLEUS, seed=seed, verify_rule=rule)
+        outcomes[tuple(result.tokens)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+    outside = sum(count for outcome, count in outcomes.items() if outcome not in set(cells))
+    return np.array([outcomes[cell] for cell in cells]), outside, drafted, accepted
+
+
+@pytest.mark.parametrize(("family", "rule"), list(CASES), ids=[f"{f}-{r}" for f, r in CASES])
+def test_each_rule_samples_plain_samplings_law(family: str, rule: str, tmp_path: Path) -> None:
+    target, drafter = CASES[family, rule](tmp_path)
+    law = _law(target, PROMPT, NUCLEUS, LENGTH)
+    cells = sorted(law)
+    observed, outside, drafted, accepted = counts(target, drafter, rule, cells)
+    assert drafted > 0 and 0 < accepted < drafted, f"{family}: drafted {drafted}, accepted {accepted}: vacuous"
+    assert outside == 0, f"{family} under {rule}: {outside} outputs that plain sampling never gives"
+    p_value = chi_square_p_value(observed, np.array([law[cell] for cell in cells]))
+    assert p_value >= ALPHA, f"{family} under {rule} is not lossless: chi-square p = {p_value:.3g}"
+
+
+def test_the_test_catches_siblings_verified_as_drawn_independently(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power: siblings drawn without replacement but each tested against the shared row, as if
+    drawn i.i.d. (the wrong declaration), fail the test."""
+    loop = __import__("specdec.decoding.loop", fromlist=["sibling_rows"])
+    monkeypatch.setattr(loop, "sibling_rows", lambda probs, tokens, parents, siblings: probs)
+    target, drafter = CASES["medusa+tree-without-replacement", "traversal"](tmp_path)
+    law = _law(target, PROMPT, NUCLEUS, LENGTH)
+    cells = sorted(law)
+    observed, outside, _, _ = counts(target, drafter, "token", cells)
+    p_value = chi_square_p_value(observed, np.array([law[cell] for cell in cells]))
+    assert outside > 0 or p_value < ALPHA, f"the wrong declaration went unnoticed: p = {p_value:.3g}"
