@@ -1,6 +1,8 @@
 """Each verification rule stays lossless on real drafters, by a chi-square test: block
 verification for the sampled chains of every learned drafter, traversal verification and the
-sibling rule for their sampled trees, with siblings drawn i.i.d. or without replacement.
+sibling rule for their sampled trees, with siblings drawn i.i.d. or without replacement; in
+batches too. At temperature 0 every rule gives plain greedy decoding's tokens, and the compiled
+engine decodes what the eager one does under each rule.
 
 The setting is temperature 0.8 with top-p 0.95; the tiny target and the drafters are those of
 `test_processing_statistical` (whose plain-sampling law is enumerated without specdec). Seeds are
@@ -132,3 +134,44 @@ def test_the_test_catches_siblings_verified_as_drawn_independently(tmp_path: Pat
     observed, outside, _, _ = counts(target, drafter, "token", cells)
     p_value = chi_square_p_value(observed, np.array([law[cell] for cell in cells]))
     assert outside > 0 or p_value < ALPHA, f"the wrong declaration went unnoticed: p = {p_value:.3g}"
+
+
+@pytest.mark.parametrize(("family", "rule"), list(CASES), ids=[f"{f}-{r}" for f, r in CASES])
+def test_every_rule_gives_greedy_decodings_tokens_at_temperature_0(family: str, rule: str, tmp_path: Path) -> None:
+    target, drafter = CASES[family, rule](tmp_path)
+    plain = specdec.generate(target, PROMPT, max_new_tokens=12)
+    result = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=12,
+                              verify_rule=rule)
+    assert result.tokens == plain.tokens, f"{family} under {rule} left greedy decoding"
+    assert result.stats.drafted > 0
+
+
+@pytest.mark.parametrize(("family", "rule"), [("draft-model", "block"),
+                                              ("draft-model+tree-without-replacement", "traversal")])
+def test_batch_rows_sample_plain_samplings_law_under_each_rule(family: str, rule: str, tmp_path: Path) -> None:
+    """RUNS rows of one prompt in one batch (row i seeded apart): their outputs follow plain sampling."""
+    target, drafter = CASES[family, rule](tmp_path)
+    law = _law(target, PROMPT, NUCLEUS, LENGTH)
+    cells = sorted(law)
+    out = specdec.generate_batch(target, [PROMPT] * RUNS, drafter=drafter, num_draft_tokens=NUM_DRAFT,
+                                 max_new_tokens=LENGTH, sampling=NUCLEUS, seed=0, verify_rule=rule)
+    outcomes = Counter(tuple(row.tokens) for row in out)
+    assert 0 < out.totals.accepted < out.totals.drafted
+    assert sum(count for outcome, count in outcomes.items() if outcome not in set(cells)) == 0
+    p_value = chi_square_p_value(np.array([outcomes[cell] for cell in cells]), np.array([law[cell] for cell in cells]))
+    assert p_value >= ALPHA, f"batched {family} under {rule} is not lossless: chi-square p = {p_value:.3g}"
+
+
+@pytest.mark.parametrize(("family", "rule"), [("draft-model", "block"),
+                                              ("draft-model+tree-without-replacement", "traversal")])
+def test_the_compiled_engine_decodes_what_the_eager_one_does_under_each_rule(family: str, rule: str,
+                                                                            tmp_path: Path) -> None:
+    """The same draws in both engines (`docs/engine.md`), so the same tokens: a sampled chain under
+    block verification, a sampled tree under traversal verification."""
+    target, drafter = CASES[family, rule](tmp_path)
+    for seed in range(2):
+        eager = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=16,
+                                 sampling=NUCLEUS, seed=seed, verify_rule=rule)
+        compiled = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=16,
+                                    sampling=NUCLEUS, seed=seed, verify_rule=rule, compile=True)
+        assert compiled.tokens == eager.tokens, f"{family}, seed {seed}: compiled and eager differ under {rule}"
