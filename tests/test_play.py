@@ -140,6 +140,41 @@ def test_a_run_is_specdec_generate_step_for_step(playground: Playground, quick_z
     assert 0 < summary["draft_tax"] < 1 and summary["speedup"] > 0
 
 
+def test_a_sampled_chain_step_carries_both_rules_verdicts_to_the_page(playground: Playground) -> None:
+    """Each sampled chain step with a draft holds token-wise and block verification of that draft with
+    the uniforms it drew (`specdec.teaching.rule_compare`): the verifier's own a_i and u_i for the
+    tokens it tried, the number token-wise kept, and the longest prefix whose block test passed. A
+    greedy run and a tree carry none. Read through the server's JSON, as the page gets it."""
+    app = create_app(playground, allowed_hosts=LOOPBACK_NAMES)
+    status, answer = call_app(app, "POST", "/api/run", {"prompt": PROMPT, "drafter": "draft-model", "k": 3,
+                                                        "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 24,
+                                                        "seed": 3})
+    assert status == 200
+    compared = [s for s in answer["steps"] if s["drafted"]]
+    assert compared and all(s["rules"] is not None for s in compared)
+    assert all(s["rules"] is None for s in answer["steps"] if not s["drafted"])
+    for index, step in enumerate(answer["steps"]):
+        rules = step["rules"]
+        if rules is None:
+            continue
+        k = len(step["drafted"])
+        assert len(rules["acceptance"]) == len(rules["block_h"]) == len(rules["uniforms"]) == k
+        tried = [t for t in step["tokens"] if t["kind"] in ("accepted", "rejected")]
+        assert rules["uniforms"][: len(tried)] == [t["uniform"] for t in tried]
+        assert rules["acceptance"][: len(tried)] == pytest.approx([t["accept"] for t in tried], abs=1e-6)
+        passed = [u < a for u, a in zip(rules["uniforms"], rules["acceptance"])]
+        assert rules["token_kept"] == (passed + [False]).index(False)
+        if index < len(answer["steps"]) - 1:  # the last step may be cut at the budget
+            assert rules["token_kept"] == sum(t["kind"] == "accepted" for t in tried)
+        own = [i + 1 for i, (u, h) in enumerate(zip(rules["uniforms"], rules["block_h"])) if u < h]
+        assert rules["block_kept"] == max(own, default=0)
+        assert all(0.0 <= h <= 1.0 + 1e-6 for h in rules["block_h"])  # h = m / m may round past 1
+    for greedy_or_tree in ({"temperature": 0.0}, {"temperature": 0.8, "shape": "tree"}):
+        status, other = call_app(app, "POST", "/api/run", {"prompt": PROMPT, "drafter": "draft-model", "k": 3,
+                                                           "max_new_tokens": 12, **greedy_or_tree})
+        assert status == 200 and all(s["rules"] is None for s in other["steps"])
+
+
 def test_compare_gives_plain_tokens_under_every_drafter_at_temperature_zero(playground: Playground,
                                                                             quick_zoo: Path) -> None:
     answer = playground.compare(CompareRequest(prompt=PROMPT, k=3, max_new_tokens=16))

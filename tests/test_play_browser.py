@@ -19,6 +19,7 @@ from play_server import PROMPT
 import specdec
 from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.teaching.probe import probe
+from specdec.teaching.rule_compare import ComparingTrace
 from specdec.teaching.trace import Trace
 from specdec.zoo import drafter_options
 
@@ -151,6 +152,37 @@ def test_stepping_through_a_sampled_tree_shows_each_verdict(page, reference, sho
     page.click("#run")
     _settle(page)
     assert _ids(page.get_attribute("#output", "data-tokens")) == want.tokens
+
+
+def test_a_sampled_chain_step_shows_token_wise_and_block_verdicts(page, reference, shots: Path) -> None:
+    """Each step of a sampled chain shows both rules on its draft with the step's draws, as
+    `specdec.teaching.rule_compare` computes them on the same run."""
+    _set(page, "draft-model", 4, "chain", 0.8, 0.95, 24, 0)
+    page.click("#run")
+    _settle(page)
+    trace = ComparingTrace()
+    reference("draft-model", trace=trace, num_draft_tokens=4, max_new_tokens=24,
+              sampling=specdec.Sampling(temperature=0.8, top_p=0.95), seed=0)
+    assert page.locator("#steps .steprow").count() == len(trace.steps)
+    differ = None
+    for number, comparison in enumerate(trace.comparisons, start=1):
+        page.click(f"#steps .steprow[data-step='{number}']")
+        if comparison is None:
+            assert page.is_hidden("#rules")
+            continue
+        assert page.is_visible("#rules-table")
+        for rule, kept, tests in (("token", comparison.token_kept, comparison.acceptance),
+                                  ("block", comparison.block_kept, comparison.block_h)):
+            row = page.locator(f"#rules-table tr[data-rule={rule}]")
+            assert int(row.get_attribute("data-kept")) == kept
+            cells = row.locator("td")
+            assert cells.count() == len(tests) + 2
+            assert [cells.nth(i + 1).inner_text().split()[0] for i in range(len(tests))] == [f"{x:.3f}" for x in tests]
+        if differ is None and comparison.token_kept != comparison.block_kept:
+            differ = number
+    if differ is not None:  # the step where the rules disagree, for the docs
+        page.click(f"#steps .steprow[data-step='{differ}']")
+        page.screenshot(path=str(shots / "play-rules.png"), full_page=True)
 
 
 def test_the_timeline_sets_each_step_beside_plain_decoding(page, reference, shots: Path) -> None:

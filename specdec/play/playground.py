@@ -3,7 +3,9 @@ page's requests with plain JSON-ready dicts.
 
 - `run`: one traced generation (`specdec.generate(..., trace=Trace())`) and plain decoding of
   as many tokens, so each step's draft and verify time stands beside what plain decoding spent
-  on the tokens that step emitted (Leviathan et al. 2023, Fig. 1: the draft/verify timeline).
+  on the tokens that step emitted (Leviathan et al. 2023, Fig. 1: the draft/verify timeline),
+  and on a sampled chain step what token-wise and block verification (Sun et al., ICLR 2025)
+  each keep of its draft with the same draws (`specdec.teaching.rule_compare`).
 - `compare`: the same prompt under every drafter, plain decoding first as the reference.
 - `probe`: one forward's verdict on a typed continuation (`specdec.teaching.probe`).
 
@@ -22,6 +24,7 @@ from specdec.errors import one_line
 from specdec.play.requests import BadRequest, CompareRequest, Limits, ProbeRequest, RunRequest, check_request
 from specdec.protocols import Drafter, forget
 from specdec.runtime.target import CausalLM
+from specdec.teaching.rule_compare import ComparingTrace, RuleComparison
 from specdec.teaching.trace import Trace, TraceStep
 from specdec.types import Generation, Sampling
 from specdec.verifier import DraftError
@@ -116,13 +119,13 @@ class Playground:
         sampling = _sampling(request.temperature, request.top_p)
         prompt = self._encode(request.prompt, request.max_new_tokens)
         drafter = self._drafter(request.drafter, request.shape)
-        trace = Trace()
+        trace = ComparingTrace()
         result = self._generate(prompt, drafter, request.k, request.max_new_tokens, sampling, request.seed, trace)
         plain = self._plain_step_seconds(prompt, len(result.tokens), sampling, request.seed)
         steps, at = [], 0
-        for step in trace.steps:
+        for step, comparison in zip(trace.steps, trace.comparisons):
             emitted = len(step.emitted)
-            steps.append(self._step(step, sum(plain[at : at + emitted])))
+            steps.append(self._step(step, sum(plain[at : at + emitted]), comparison))
             at += emitted
         draft = sum(s.draft_seconds for s in trace.steps)
         verify = sum(s.verify_seconds for s in trace.steps)
@@ -142,7 +145,9 @@ class Playground:
                 "draft_tax": draft / spent if spent else 0.0,
                 "speedup": plain_total / spent if spent else 0.0}}
 
-    def _step(self, step: TraceStep, plain_seconds: float) -> dict[str, Any]:
+    def _step(self, step: TraceStep, plain_seconds: float, rules: RuleComparison | None) -> dict[str, Any]:
+        """One step for the page; `rules`: token-wise and block verification of a sampled chain's
+        draft with the step's draws (`specdec.teaching.rule_compare`), None otherwise."""
         parents = step.parents if step.parents is not None else tuple(range(-1, len(step.drafted) - 1))
         caches = step.caches
         return {
@@ -152,7 +157,7 @@ class Playground:
             "tokens": [{"token": t.token, "text": self._decode([t.token]), "kind": t.kind, "p": t.p, "q": t.q,
                         "accept": t.accept, "uniform": t.uniform, "node": t.node} for t in step.tokens],
             "emitted": step.emitted, "draft_ms": 1e3 * step.draft_seconds, "verify_ms": 1e3 * step.verify_seconds,
-            "plain_ms": 1e3 * plain_seconds,
+            "plain_ms": 1e3 * plain_seconds, "rules": None if rules is None else asdict(rules),
             "caches": None if caches is None else {"target": list(caches.target),
                                                    "drafter": None if caches.drafter is None else list(caches.drafter)}}
 

@@ -263,6 +263,61 @@ function drawTable(step) {
   });
 }
 
+// Token-wise and block verification of this step's draft with the same draws u (a sampled chain
+// only): token-wise stops at its first failed u_i < a_i; block (Sun et al., ICLR 2025) keeps the
+// longest prefix i whose own test u_i < h_i passed, whatever the shorter prefixes' tests gave.
+function drawRules(step) {
+  const box = $("rules");
+  box.textContent = "";
+  const rules = step.rules;
+  box.hidden = !rules;
+  if (!rules) return;
+  box.appendChild(el("h2", "Token-wise and block verification of this draft"));
+  box.appendChild(el("p", "The same draft and the same draws u. Token-wise stops at the first position whose " +
+    "u \u2265 min(1, p/q). Block tests each prefix on its own (u_i < h_i) and keeps the longest that passed, so it " +
+    "can keep a later prefix after an earlier token's test failed. Green: the tokens each rule keeps; \u2713/\u2717: " +
+    "that position's own test. This run verified token-wise; the block row says what block verification would " +
+    "have kept.", "muted"));
+  const table = el("table");
+  table.id = "rules-table";
+  const head = el("tr");
+  head.appendChild(el("th", "rule"));
+  rules.uniforms.forEach((_, i) => head.appendChild(el("th", `${i + 1}`)));
+  head.appendChild(el("th", "keeps"));
+  table.appendChild(el("thead")).appendChild(head);
+  const body = el("tbody");
+  const uniforms = el("tr");
+  uniforms.appendChild(el("td", "u"));
+  for (const u of rules.uniforms) uniforms.appendChild(el("td", fmt(u), "num"));
+  uniforms.appendChild(el("td", ""));
+  body.appendChild(uniforms);
+  const rows = [["token", "token-wise: a_i = min(1, p/q)", rules.acceptance, rules.token_kept],
+                ["block", "block: h_i (tests the prefix 1..i)", rules.block_h, rules.block_kept]];
+  for (const [name, label, tests, kept] of rows) {
+    const tr = el("tr");
+    tr.dataset.rule = name;
+    tr.dataset.kept = String(kept);
+    tr.appendChild(el("td", label));
+    tests.forEach((x, i) => {
+      const passed = rules.uniforms[i] < x;
+      const cell = el("td", `${fmt(x)} ${passed ? "\u2713" : "\u2717"}`, "num" + (i < kept ? " ok" : ""));
+      cell.title = `u = ${fmt(rules.uniforms[i])} ${passed ? "<" : "\u2265"} ${fmt(x)}: ${passed ? "passed" : "failed"}`;
+      tr.appendChild(cell);
+    });
+    tr.appendChild(el("td", `keeps ${kept}`));
+    body.appendChild(tr);
+  }
+  table.appendChild(body);
+  box.appendChild(table);
+  const more = rules.block_kept - rules.token_kept;
+  const counts = `block keeps ${tokenCount(rules.block_kept)}, token-wise ${tokenCount(rules.token_kept)}`;
+  box.appendChild(el("p", more === 0 ? `Both rules keep ${tokenCount(rules.token_kept)} here.`
+    : `Here ${counts}. On one draw either rule can keep more; on average block never keeps fewer, and both ` +
+      "give exactly the target's distribution.", "muted"));
+}
+
+function tokenCount(n) { return `${n} token${n === 1 ? "" : "s"}`; }
+
 function cacheBlock(name, lengths, grewWord) {
   const box = el("div", null, "cache");
   if (!lengths) {
@@ -312,6 +367,7 @@ function drawStepView() {
     `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` : "";
   drawTree(step);
   drawTable(step);
+  drawRules(step);
   drawCaches(step);
   const s = run.summary;
   $("status").textContent = `showing ${state.shown} of ${run.steps.length} steps; the whole run: ${s.new_tokens} tokens ` +
