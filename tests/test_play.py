@@ -175,6 +175,20 @@ def test_a_sampled_chain_step_carries_both_rules_verdicts_to_the_page(playground
         assert status == 200 and all(s["rules"] is None for s in other["steps"])
 
 
+def test_a_playground_verifying_by_blocks_keeps_what_the_block_row_says(playground: Playground,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specdec play --verify-rule block`: the run is verified by block verification, so on every
+    step not cut at the budget the tokens it kept are the block row's, and the page is told the rule."""
+    monkeypatch.setattr(playground, "verify_rule", "block")
+    answer = playground.run(RunRequest(prompt=PROMPT, drafter="draft-model", k=3, temperature=0.8, top_p=0.95,
+                                       max_new_tokens=24, seed=3))
+    assert answer["verify_rule"] == "block"
+    steps = [s for s in answer["steps"][:-1] if s["rules"] is not None]
+    assert steps
+    for step in steps:
+        assert step["rules"]["block_kept"] == sum(t["kind"] == "accepted" for t in step["tokens"])
+
+
 def test_compare_gives_plain_tokens_under_every_drafter_at_temperature_zero(playground: Playground,
                                                                             quick_zoo: Path) -> None:
     answer = playground.compare(CompareRequest(prompt=PROMPT, k=3, max_new_tokens=16))

@@ -2,4 +2,5 @@
 (Spec-Bench protocol), the batch curve, the synthetic-target bench, and their reports and plots;
 it may import `specdec.types`, `specdec.intervals`, `specdec.protocols`, `specdec.plugins`, `specdec.checkpoints`,
 `specdec.errors`, `specdec.versions`, `specdec.data`, `specdec.decoding`, `specdec.runtime`,
-`specdec.distributed`, `specdec.drafters`, `specdec.training` and `specdec.zoo` (its drafters)."""
+`specdec.distributed`, `specdec.drafters`, `specdec.training`, `specdec.zoo` (its drafters) and
+`specdec.verifier` (the names of its rules)."""

@@ -121,7 +121,7 @@ def _playground(args: argparse.Namespace) -> Any:
     tokenizer, model = load_target(target, args)
     limits = Limits(queue=args.queue)
     playground = Playground(tokenizer, model, drafter_choices(known, only_known=bool(args.drafter)), limits, title,
-                            _example())
+                            _example(), args.verify_rule)
     playground.warm_up()
     return playground
 
@@ -192,6 +192,7 @@ def _log_errors_to_stderr() -> None:
 def add_play_command(commands: Any) -> None:
     """Register `play` under the top-level subparsers."""
     from specdec.cli.common import add_model_options
+    from specdec.cli.sampling_options import add_verify_rule_option
 
     play = commands.add_parser("play", help="an interactive page: step through speculative decoding on the zoo")
     play.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine only); the page has "
@@ -210,4 +211,5 @@ def add_play_command(commands: Any) -> None:
     play.add_argument("--queue", type=int, default=4, help="requests that may wait for the model (default 4); "
                       "more are answered 503")
     add_model_options(play, compile=False)
+    add_verify_rule_option(play)
     play.set_defaults(run=_play)

@@ -82,7 +82,10 @@ class Playground:
     """One target (and its tokenizer) and the drafters the page offers."""
 
     def __init__(self, tokenizer: Any, model: Any, choices: list[DrafterChoice], limits: Limits = Limits(),
-                 title: str = "", example: str = "def area(r):\n") -> None:
+                 title: str = "", example: str = "def area(r):\n", verify_rule: str = "token") -> None:
+        from specdec.verifier import check_verify_rule
+
+        self.verify_rule = check_verify_rule(verify_rule)  # every run's verification rule
         self.tokenizer = tokenizer
         self.lm = CausalLM(model, share_cache=True)
         self.choices = {c.name: c for c in choices}
@@ -134,6 +137,7 @@ class Playground:
         stats = result.stats
         return {
             "request": asdict(request), "drafter": request.drafter, "tree": any(s.parents is not None for s in trace.steps),
+            "verify_rule": self.verify_rule,
             "prompt_tokens": prompt, "tokens": result.tokens, "text": self._decode(result.tokens),
             "pieces": [self._decode([t]) for t in result.tokens], "steps": steps,
             "summary": {
@@ -244,7 +248,7 @@ class Playground:
 
         return generate(self.lm, prompt, drafter=drafter, num_draft_tokens=k if drafter is not None else 0,
                         max_new_tokens=budget, sampling=sampling, eos_token_id=self.eos if eos else None,
-                        seed=seed, trace=trace)
+                        seed=seed, trace=trace, verify_rule=self.verify_rule)
 
     def _drafter(self, name: str, shape: str) -> Drafter | None:
         """The drafter `name` (None for plain decoding) in `shape`: made once per server (a chain's

@@ -266,7 +266,7 @@ function drawTable(step) {
 // Token-wise and block verification of this step's draft with the same draws u (a sampled chain
 // only): token-wise stops at its first failed u_i < a_i; block (Sun et al., ICLR 2025) keeps the
 // longest prefix i whose own test u_i < h_i passed, whatever the shorter prefixes' tests gave.
-function drawRules(step) {
+function drawRules(step, rule) {
   const box = $("rules");
   box.textContent = "";
   const rules = step.rules;
@@ -276,8 +276,9 @@ function drawRules(step) {
   box.appendChild(el("p", "The same draft and the same draws u. Token-wise stops at the first position whose " +
     "u \u2265 min(1, p/q). Block tests each prefix on its own (u_i < h_i) and keeps the longest that passed, so it " +
     "can keep a later prefix after an earlier token's test failed. Green: the tokens each rule keeps; \u2713/\u2717: " +
-    "that position's own test. This run verified token-wise; the block row says what block verification would " +
-    "have kept.", "muted"));
+    `that position's own test. This run verified ${rule === "token" ? "token-wise; the block row says what block " +
+    "verification would have kept" : "by block verification; the token-wise row says what token-wise verification " +
+    "would have kept"}.`, "muted"));
   const table = el("table");
   table.id = "rules-table";
   const head = el("tr");
@@ -367,7 +368,7 @@ function drawStepView() {
     `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` : "";
   drawTree(step);
   drawTable(step);
-  drawRules(step);
+  drawRules(step, run.verify_rule);
   drawCaches(step);
   const s = run.summary;
   $("status").textContent = `showing ${state.shown} of ${run.steps.length} steps; the whole run: ${s.new_tokens} tokens ` +
