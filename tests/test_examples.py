@@ -26,6 +26,7 @@ def _arguments(name: str, cache: str, tmp_path: Path) -> list[str]:
                                  "--repeats", "1", "--warmup", "0", "--eager", "--out", str(tmp_path)],
         "sampling_cost.py": ["--tokenizer", str(Path(cache).glob("quick-*/tokenizer").__next__()), "--vocab",
                              "--repeats", "2"],
+        "verify_rule_cost.py": ["--vocab", "64", "--repeats", "2", "--nodes", "6"],
         "grammar_engines.py": ["--tokenizer", str(Path(cache).glob("quick-*/tokenizer").__next__()), "--repeats", "1"],
     }[name]
 

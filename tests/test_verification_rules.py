@@ -298,3 +298,13 @@ def test_a_traversal_with_a_stale_row_is_caught(monkeypatch: pytest.MonkeyPatch)
                                      depth(parents) + 1))
     assert max(errors) > 1e-3, f"a stale row went unnoticed: errors {errors}"
 
+
+
+def test_an_empty_draft_emits_the_targets_next_token_under_every_rule() -> None:
+    """A drafter that drafts nothing this step (a ragged batch row, the budget's end): the token
+    comes from p at the root, whatever the rule."""
+    p = torch.tensor([[0.1, 0.0, 0.6, 0.3]], dtype=torch.float64)
+    empty = torch.zeros(0, dtype=torch.long)
+    for name, rule in CHAIN_RULES.items():
+        law = exact_law(lambda: rule(p, empty, [], None, None))
+        assert law == pytest.approx({((), (0,)): 0.1, ((), (2,)): 0.6, ((), (3,)): 0.3}, abs=EXACT), name
