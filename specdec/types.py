@@ -268,6 +268,9 @@ class Verdict:
         For a tree both follow the accepted path: one entry per node tried along it.
     path: the accepted nodes' indices in the draft, root side first (a chain's are
         0..num_accepted-1).
+    tested: the draft node each `acceptance` entry tested, in draw order, for a rule that tests
+        nodes off the accepted path (traversal verification: leaves before their parents);
+        None when the entries follow the accepted path as above.
     """
 
     tokens: torch.Tensor
@@ -275,6 +278,7 @@ class Verdict:
     acceptance: torch.Tensor | None = None
     uniforms: torch.Tensor | None = None
     path: tuple[int, ...] | None = None
+    tested: tuple[int, ...] | None = None
 
     @property
     def accepted_nodes(self) -> tuple[int, ...]:

@@ -175,3 +175,30 @@ def test_the_compiled_engine_decodes_what_the_eager_one_does_under_each_rule(fam
         compiled = specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=16,
                                     sampling=NUCLEUS, seed=seed, verify_rule=rule, compile=True)
         assert compiled.tokens == eager.tokens, f"{family}, seed {seed}: compiled and eager differ under {rule}"
+
+
+def test_a_traced_traversal_step_shows_each_nodes_own_test(tmp_path: Path) -> None:
+    """Traversal tests nodes leaves first, off the accepted path too (`Verdict.tested`): the trace
+    pairs each shown node with its own test. A rejected node shown with a test failed it; an
+    accepted one shown with a test is the deepest kept node, which passed it."""
+    from specdec.teaching.trace import Trace
+
+    target, drafter = CASES["draft-model+tree-without-replacement", "traversal"](tmp_path)
+    shown = 0
+    for seed in range(4):
+        trace = Trace()
+        specdec.generate(target, PROMPT, drafter=drafter, num_draft_tokens=NUM_DRAFT, max_new_tokens=12,
+                         sampling=NUCLEUS, seed=seed, verify_rule="traversal", trace=trace)
+        for step in trace.steps:
+            drafted = [t for t in step.tokens if t.kind in ("accepted", "rejected")]
+            accepted = [t for t in drafted if t.kind == "accepted"]
+            for token in drafted:
+                if token.accept is None:
+                    continue
+                shown += 1
+                assert token.uniform is not None
+                if token.kind == "rejected":
+                    assert token.uniform >= token.accept
+                else:
+                    assert token is accepted[-1] and token.uniform < token.accept
+    assert shown > 0

@@ -52,8 +52,9 @@ def verify_traversal(
     tokens: [n]; parents: n parent indices (-1 = child of the root); q: [n, V] (each node's q
     given its ancestors and elder siblings) or None (one-hot: deterministic candidates).
     Draws one uniform per node tested, children before their parent (none for the root), then
-    one token. `acceptance` and `uniforms` hold each test's weight and draw, in the order drawn;
-    a node tested with weight 0 skips its descendants (none of them could be kept).
+    one token. `acceptance` and `uniforms` hold each test's weight and draw, in the order drawn,
+    and `tested` the node of each; a node tested with weight 0 skips its descendants (none of
+    them could be kept).
     """
     row_of = p.__getitem__ if isinstance(p, torch.Tensor) else p
     root = row_of(0)
@@ -63,13 +64,15 @@ def verify_traversal(
         q = q / q.sum(dim=-1, keepdim=True)
     kids = children(parents)
     drafted = tokens.tolist()
-    tested: list[float] = []
+    weights: list[float] = []
     draws: list[float] = []
+    tested: list[int] = []
 
-    def test(weight: float) -> bool:
+    def test(node: int, weight: float) -> bool:
         uniform = float(torch.rand((), generator=generator, dtype=dtype, device=device))
-        tested.append(weight)
+        weights.append(weight)
         draws.append(uniform)
+        tested.append(node)
         return uniform < weight
 
     def settle(row: int, weight: float, target: torch.Tensor) -> tuple[list[int], torch.Tensor] | None:
@@ -84,7 +87,7 @@ def verify_traversal(
                 kept = settle(child + 1, child_weight, row_of(child + 1))
             else:
                 kept = ([], torch.multinomial(row_of(child + 1), 1, generator=generator)) \
-                    if test(child_weight) else None
+                    if test(child, child_weight) else None
             if kept is not None:
                 return [child, *kept[0]], kept[1]
             residual = (weight * target - q_row).clamp(min=0.0)  # (V,)
@@ -93,7 +96,7 @@ def verify_traversal(
             if failed > 0:
                 weight = min(1.0, mass / failed)
             target = normalized_residual(residual, target)
-        if row == 0 or test(weight):  # the root (weight 1) always ends the walk
+        if row == 0 or test(row - 1, weight):  # the root (weight 1) always ends the walk
             return [], torch.multinomial(target, 1, generator=generator)
         return None
 
@@ -102,5 +105,5 @@ def verify_traversal(
     path, last = kept
     accepted = tokens[path] if path else tokens[:0]
     return Verdict(tokens=torch.cat([accepted, last]), num_accepted=len(path),
-                   acceptance=torch.tensor(tested, dtype=dtype), uniforms=torch.tensor(draws, dtype=dtype),
-                   path=tuple(path))
+                   acceptance=torch.tensor(weights, dtype=dtype), uniforms=torch.tensor(draws, dtype=dtype),
+                   path=tuple(path), tested=tuple(tested))

@@ -95,11 +95,14 @@ class Trace:
             (i, i, "accepted" if i < verdict.num_accepted else "rejected")
             for i in range(min(n, verdict.num_accepted + 1))]
         tokens: list[TraceToken] = []
+        # a rule that tests nodes off the walk (traversal) says which node each test was
+        entry = {node: j for j, node in enumerate(verdict.tested)} if verdict.tested is not None else None
         for j, (node, row, kind) in enumerate(tried):
             p = float(shown[row, drafted[node]])
             q = 1.0 if draft.probs is None else float(draft.probs[node, drafted[node]])
-            accept = None if verdict.acceptance is None else float(verdict.acceptance[j])
-            uniform = None if verdict.uniforms is None else float(verdict.uniforms[j])
+            at = j if entry is None else entry.get(node)
+            accept = None if verdict.acceptance is None or at is None else float(verdict.acceptance[at])
+            uniform = None if verdict.uniforms is None or at is None else float(verdict.uniforms[at])
             tokens.append(TraceToken(drafted[node], kind, p, q, accept, uniform, node))
         last = int(verdict.tokens[-1])
         final_row = verdict.accepted_nodes[-1] + 1 if verdict.num_accepted else 0
