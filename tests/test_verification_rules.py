@@ -308,3 +308,27 @@ def test_an_empty_draft_emits_the_targets_next_token_under_every_rule() -> None:
     for name, rule in CHAIN_RULES.items():
         law = exact_law(lambda: rule(p, empty, [], None, None))
         assert law == pytest.approx({((), (0,)): 0.1, ((), (2,)): 0.6, ((), (3,)): 0.3}, abs=EXACT), name
+
+
+# --- the expected number kept, exactly, per rule ---------------------------------------------------
+
+@pytest.mark.parametrize(("rule", "verify", "tree"), [("token", CHAIN_RULES["token"], False),
+                                                     ("block", CHAIN_RULES["block"], False),
+                                                     ("token", verify_tree, True),
+                                                     ("traversal", verify_traversal, True)])
+def test_expected_accepted_is_the_mean_of_the_rules_enumerated_law(rule: str, verify: Callable[..., Verdict],
+                                                                  tree: bool) -> None:
+    """`expected_accepted` on one fixed draft equals the mean number kept under the rule's exact law."""
+    from specdec.verifier import expected_accepted as expected_of_rule
+
+    rng = np.random.default_rng(11)
+    shapes = TREES if tree else [chain_parents(k) for k in (1, 2, 3, 4)]
+    for i, parents in enumerate(shapes):
+        for mode in ("shared", "mixed", "top"):
+            model = PrefixModel(1000 + i, 3, TRUNCATED if i % 2 else None)
+            draft = sample_draft(model, parents, mode, rng)
+            tokens, q = draft.tensors(model.vocab)
+            p = target_rows(model, parents, draft.tokens)
+            law = exact_law(lambda: verify(p, tokens, list(parents), q, None))
+            got = expected_of_rule(rule, p, tokens, list(parents) if tree else None, q)
+            assert got == pytest.approx(expected_accepted(law), abs=EXACT), f"{rule}, {mode}, parents {parents}"

@@ -38,6 +38,7 @@ from specdec.verifier.chain import (
     verify_chain,
     verify_greedy,
 )
+from specdec.verifier.expected import expected_accepted
 from specdec.verifier.rules import VERIFY_RULES, chain_rule, check_verify_rule, tree_rule
 from specdec.verifier.siblings import SIBLING_DRAWS, sibling_fault, sibling_rows
 from specdec.verifier.traversal import verify_traversal
@@ -54,6 +55,7 @@ __all__ = [
     "chain_verdict",
     "check_verify_rule",
     "draft_faults",
+    "expected_accepted",
     "greedy_verdict",
     "greedy_verdicts",
     "residual_distribution",

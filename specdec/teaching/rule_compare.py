@@ -9,7 +9,8 @@ keeps the longest that passed: it can keep a later prefix after an earlier token
 On a single draw either rule may keep more; on average block never keeps fewer.
 
 `ComparingTrace` is a `Trace` that also records this comparison for every sampled chain step
-(the `specdec play` page shows it beside the step).
+(the `specdec play` page shows it beside the step); `RuleExpectations` records what each rule
+keeps on average from every step's draft (`examples/rule_gain.py` reads it).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from specdec.teaching.trace import CacheLengths, Trace
 from specdec.types import Draft, Verdict
 from specdec.verifier.block import block_tests, kept_prefix
 from specdec.verifier.chain import acceptance_probabilities
+from specdec.verifier.expected import expected_accepted
+from specdec.verifier.siblings import sibling_rows
 
 if TYPE_CHECKING:
     from specdec.processing import Pipeline, Prefixes
 
-__all__ = ["ComparingTrace", "RuleComparison", "compare_rules"]
+__all__ = ["ComparingTrace", "RuleComparison", "RuleExpectations", "compare_rules"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +87,29 @@ class ComparingTrace(Trace):
             comparison = compare_rules(p, draft.tokens, draft.probs, verdict.uniforms)
         # one entry per step, aligned with `steps` even if the loop restarted them
         self.comparisons = self.comparisons[: len(self.steps) - 1] + [comparison]
+
+
+@dataclass
+class RuleExpectations(Trace):
+    """A `Trace` that also keeps, for each sampled step with a draft, how many draft tokens each
+    rule keeps on average from that very draft (`specdec.verifier.expected_accepted`): a chain
+    under "token" and "block", a tree under "token" (the sibling rule) and "traversal". Rules
+    compared this way see the same drafts and no sampling noise of their own."""
+
+    expectations: list[dict[str, float]] = field(default_factory=list)
+
+    def record(self, draft: Draft, logits: torch.Tensor, pipeline: Pipeline, prefixes: Prefixes | None,
+               verdict: Verdict, emitted: int, draft_seconds: float, verify_seconds: float,
+               parents: list[int] | None = None, caches: CacheLengths | None = None) -> None:
+        super().record(draft, logits, pipeline, prefixes, verdict, emitted, draft_seconds, verify_seconds,
+                       parents, caches)
+        if pipeline.sampling.greedy or draft.tokens.shape[0] == 0:
+            return
+        p = pipeline.probabilities(logits, prefixes)  # (n + 1, V): the rows the verifier read
+        if parents is None:
+            self.expectations.append({rule: expected_accepted(rule, p, draft.tokens, None, draft.probs)
+                                      for rule in ("token", "block")})
+            return
+        q = sibling_rows(draft.probs, draft.tokens.tolist(), parents, draft.siblings)
+        self.expectations.append({rule: expected_accepted(rule, p, draft.tokens, parents, q)
+                                  for rule in ("token", "traversal")})
