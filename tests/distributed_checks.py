@@ -103,6 +103,14 @@ def main() -> None:
                                                                                  max_new_tokens=NEW)]
         seen[f"batch-sampled/{name}"] = [g.tokens for g in specdec.generate_batch(
             target, ids, drafter=make(), max_new_tokens=NEW, sampling=SAMPLED, seed=50 + rank)]
+    for name, rule in (("draft-model", "block"), ("draft-model+tree", "traversal"), ("eagle", "block")):
+        # each rank its own seed, and a rule of its own on rank 1: the leader's verdict is what every rank takes
+        mine = rule if rank == 0 else "token"
+        seen[f"rule/{name}"] = [specdec.generate(target, p, drafter=drafters(zoo, files)[name](), max_new_tokens=NEW,
+                                                 sampling=SAMPLED, seed=20 + rank, verify_rule=mine).tokens for p in ids]
+        seen[f"batch-rule/{name}"] = [g.tokens for g in specdec.generate_batch(
+            target, ids, drafter=drafters(zoo, files)[name](), max_new_tokens=NEW, sampling=SAMPLED, seed=70 + rank,
+            verify_rule=mine)]
     for skew in ("draft", "draws"):  # without the check: rank 0's draft and verdict are what every rank takes
         seen[f"skewed/{skew}"] = specdec.generate(target, ids[0], drafter=RankSkewedDrafter(skew), max_new_tokens=NEW,
                                                   sampling=SAMPLED if skew == "draws" else Sampling(), seed=3).tokens

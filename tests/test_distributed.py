@@ -105,6 +105,15 @@ def test_ranks_given_different_seeds_or_none_emit_the_same_tokens(ranks, alone, 
         assert ranks[0][f"batch-sampled/{name}"] == ranks[1][f"batch-sampled/{name}"]
 
 
+@pytest.mark.parametrize("name", ["draft-model", "draft-model+tree", "eagle"])
+def test_the_leaders_verification_rule_decides_on_every_rank(ranks, name):
+    """Rank 0 asks for block or traversal verification, rank 1 for token-wise with another seed:
+    the leader's rule and seed hold on both (a tree's walk decides which rows each rank computes),
+    so both emit the same tokens, alone and in batches."""
+    assert ranks[0][f"rule/{name}"] == ranks[1][f"rule/{name}"]
+    assert ranks[0][f"batch-rule/{name}"] == ranks[1][f"batch-rule/{name}"]
+
+
 def test_a_rank_that_drafts_or_draws_differently_still_emits_rank_zeros_tokens(ranks, alone):
     assert ranks[0]["skewed/draft"] == ranks[1]["skewed/draft"] == alone["ngram"][0]
     assert ranks[0]["skewed/draws"] == ranks[1]["skewed/draws"]

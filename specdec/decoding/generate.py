@@ -15,7 +15,7 @@ from specdec.protocols import Drafter
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace
 from specdec.types import Engine, Generation, Sampling, UNDECLARED_NODES
-from specdec.verifier import DraftError, check_verify_rule
+from specdec.verifier import VERIFY_RULES, DraftError, check_verify_rule
 
 __all__ = ["generate", "make_pipeline"]
 
@@ -51,7 +51,7 @@ def generate(
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
-    check_verify_rule(verify_rule)
+    verify_rule = agreed_rule(lm, check_verify_rule(verify_rule))
     prompt = _prompt(input_ids, lm, max_new_tokens)
     resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
@@ -102,6 +102,12 @@ def agreed_seed(lm: CausalLM, seed: int | None) -> int:
     may be given its own or none: every rank draws what the leader draws, `specdec.distributed.ranks`)."""
     value = int(torch.randint(0, 2**62, (1,))) if seed is None else seed
     return value if lm.ranks is None else lm.ranks.agree_seed(value)
+
+
+def agreed_rule(lm: CausalLM, rule: str) -> str:
+    """`rule`, or on a target sharded across ranks the leader's: every rank walks a tree the same
+    way, so every rank computes the same rows (`specdec.distributed.ranks`)."""
+    return rule if lm.ranks is None else VERIFY_RULES[lm.ranks.agree_value(VERIFY_RULES.index(rule))]
 
 
 def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) -> Engine:

@@ -12,8 +12,8 @@ from specdec.decoding.batch_drafters import batched
 from specdec.decoding.batch_loop import decode_batch
 from specdec.decoding.batch_state import BatchRun, Row
 from specdec.decoding.counters import Counters
-from specdec.decoding.generate import (_drafter_name, _eos_ids, _prompt, _resolve_drafter, agreed_seed, check_settings,
-                                       engine_for, make_pipeline)
+from specdec.decoding.generate import (_drafter_name, _eos_ids, _prompt, _resolve_drafter, agreed_rule, agreed_seed,
+                                       check_settings, engine_for, make_pipeline)
 from specdec.protocols import Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
@@ -57,6 +57,7 @@ def generate_batch(
     lm = target if isinstance(target, CausalLM) else CausalLM(target)
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     check_verify_rule(verify_rule)
+    verify_rule = agreed_rule(lm, verify_rule)
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or isinstance(prompts, str) \
             or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each a list of token ids or a 1-D "

@@ -78,11 +78,17 @@ class Ranks:
     def agree_seed(self, seed: int) -> int:
         """The leader's seed: ranks may be given different seeds, or none, and every rank takes the
         leader's (never checked: differing seeds are allowed)."""
+        return self.agree_value(seed)
+
+    def agree_value(self, value: int) -> int:
+        """The leader's `value` (an int), broadcast without a check: a setting the leader decides for
+        every rank, such as the generation's seed or its verification rule (whose walk over a tree
+        decides which rows, and so which collectives, each rank computes)."""
         import torch.distributed as dist
 
-        value = torch.tensor([seed], dtype=torch.long, device=self.device)
-        dist.broadcast(value, src=self.leader, group=self.group)
-        return int(value.item())
+        payload = torch.tensor([value], dtype=torch.long, device=self.device)
+        dist.broadcast(payload, src=self.leader, group=self.group)
+        return int(payload.item())
 
 
 def model_ranks(model: nn.Module) -> Ranks | None:
