@@ -75,7 +75,7 @@ class DraftModelDrafter:
     keys and values of the accepted path are gathered into place in its cache (they are exact:
     the draft model saw those very tokens), so nothing is recomputed. Options as for eagle:
     sample=True (the default) draws the draft at temperature > 0 and reports q, a tree's
-    siblings i.i.d. or, with siblings="without_replacement", distinct; sample=False drafts the
+    siblings distinct (siblings="without_replacement", the default) or i.i.d. (siblings="iid"); sample=False drafts the
     argmax chain or the top-k tree. Its cache is static and its
     steps fixed-shape like the target's (k + 1 rows, one row, top_k tree rows), compiled when
     the generation compiles; a chain's feed and its whole draft loop are one step.
@@ -86,7 +86,7 @@ class DraftModelDrafter:
 
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
                  total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
-                 shard: bool = False, sample: bool = True, siblings: str = "iid") -> None:
+                 shard: bool = False, sample: bool = True, siblings: str = "without_replacement") -> None:
         self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature, siblings)
         if not isinstance(sample, bool):
             raise ValueError(f"draft-model: sample must be true or false, got {sample!r}")

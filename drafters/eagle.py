@@ -169,8 +169,8 @@ class EagleDrafter:
     whole tree one step): top_k children per expanded node, top_k nodes expanded per depth, the
     total_tokens most probable nodes kept, depth levels at most (None: the loop's k), node values
     at value_temperature; at temperature > 0 the siblings are draws from the head's processed
-    distribution instead (reported as q), i.i.d. or, with siblings="without_replacement",
-    distinct, total_tokens split evenly over the levels (`grow_sampled_tree`, a forward per
+    distribution instead (reported as q), distinct (siblings="without_replacement", the default)
+    or i.i.d. (siblings="iid"), total_tokens split evenly over the levels (`grow_sampled_tree`, a forward per
     depth). Otherwise a chain, sampled from the head's processed distribution at temperature > 0.
     sample=False drafts the argmax chain or the top-k tree at every temperature (no q: the
     verifier's sample-and-match). The head's cache is static and its steps
@@ -183,7 +183,7 @@ class EagleDrafter:
 
     def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
                  depth: int | None = None, value_temperature: float = 1.0, sample: bool = True,
-                 siblings: str = "iid") -> None:
+                 siblings: str = "without_replacement") -> None:
         self.tree = tree_settings("eagle", tree, top_k, total_tokens, depth, value_temperature, siblings)
         if not isinstance(sample, bool):
             raise ValueError(f"eagle: sample must be true or false, got {sample!r}")

@@ -79,7 +79,7 @@ class Eagle3Drafter:
 
     def __init__(self, path: str | Path, tree: bool = False, top_k: int = 4, total_tokens: int = 16,
                  depth: int | None = None, value_temperature: float = 1.0, sample: bool = True,
-                 siblings: str = "iid") -> None:
+                 siblings: str = "without_replacement") -> None:
         self.tree = tree_settings("eagle3", tree, top_k, total_tokens, depth, value_temperature, siblings)
         if not isinstance(sample, bool):
             raise ValueError(f"eagle3: sample must be true or false, got {sample!r}")

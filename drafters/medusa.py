@@ -212,9 +212,9 @@ class MedusaDrafter:
     is not greedy; by default drafts are each head's argmax, a tree's nodes its top-k.
     medusa_choices: the tree's paths of top-k ranks, e.g. [(0,), (1,), (0, 0), (0, 1)], or
     "default"; tree: True for the default tree (`default_medusa_choices`). A sampled tree has
-    the choices' shape, each node's children drawn from the head of their depth (i.i.d., or
-    distinct with siblings="without_replacement"; a group the processed distribution cannot
-    fill keeps fewer). The heads follow the target's device and dtype.
+    the choices' shape, each node's children drawn from the head of their depth: distinct
+    (siblings="without_replacement", the default; a group the processed distribution cannot
+    fill keeps fewer) or i.i.d. (siblings="iid"). The heads follow the target's device and dtype.
     """
 
     name: ClassVar[str] = "medusa"
@@ -227,7 +227,7 @@ class MedusaDrafter:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False,
-                 medusa_choices: Sequence[Sequence[int]] | str | None = None, siblings: str = "iid") -> None:
+                 medusa_choices: Sequence[Sequence[int]] | str | None = None, siblings: str = "without_replacement") -> None:
         self.heads, self.file = _load(path)
         self.sample = bool(sample)
         if siblings not in SAMPLED_SIBLINGS:

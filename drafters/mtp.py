@@ -96,8 +96,8 @@ class MtpDrafter:
     per depth under each of the top_k most probable nodes of the depth before, the total_tokens
     most probable nodes kept, depth levels at most (None: the loop's k), node values at
     value_temperature; stage d runs depth d. With sample=True and temperature > 0 the siblings
-    are draws from the processed distribution (reported as q) instead of a top-k: i.i.d., or
-    distinct with siblings="without_replacement".
+    are draws from the processed distribution (reported as q) instead of a top-k: distinct
+    (siblings="without_replacement", the default) or i.i.d. (siblings="iid").
     """
 
     name: ClassVar[str] = "mtp"
@@ -106,7 +106,7 @@ class MtpDrafter:
 
     def __init__(self, path: str | Path, sample: bool = False, tree: bool = False, top_k: int = 4,
                  total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
-                 siblings: str = "iid") -> None:
+                 siblings: str = "without_replacement") -> None:
         self.tree = tree_settings("mtp", tree, top_k, total_tokens, depth, value_temperature, siblings)
         self.head = load_mtp(path)
         self.sample = bool(sample)
@@ -205,7 +205,7 @@ class MtpDrafter:
         return tuple(self._stage(i + 1) for i in range(k - 1))
 
     def _sampled_tree(self, ctx: DraftContext, k: int, root: torch.Tensor, root_input: torch.Tensor) -> Draft:
-        """A tree of i.i.d. sampled siblings (`grow_sampled_tree`): a depth-d node runs through stage d
+        """A tree of sampled siblings (`grow_sampled_tree`): a depth-d node runs through stage d
         with its parent's fed-back feature, in one forward per depth on top of the real entries, at
         position T - 2 + d."""
         assert self.tree is not None

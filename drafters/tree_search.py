@@ -48,15 +48,16 @@ class DynamicTree:
     Calibration of Modern Neural Networks") and passes it with the drafter's options.
 
     siblings: how a sampled tree (temperature > 0) draws a node's children (`draw_siblings`):
-    "iid" or "without_replacement" (distinct children, each verified against q with its elder
-    siblings removed). A top-k tree's children are distinct deterministic candidates either way.
+    "without_replacement" (distinct children, each verified against q with its elder siblings
+    removed; the default, as distinct siblings keep more) or "iid". A top-k tree's children are
+    distinct deterministic candidates either way.
     """
 
     top_k: int = 4
     total_tokens: int = 16
     depth: int | None = None
     value_temperature: float = 1.0
-    siblings: str = "iid"
+    siblings: str = "without_replacement"
 
     def __post_init__(self) -> None:
         if self.siblings not in SAMPLED_SIBLINGS:
@@ -75,7 +76,7 @@ class DynamicTree:
 
 
 def tree_settings(drafter: str, tree: bool, top_k: int, total_tokens: int, depth: int | None,
-                  value_temperature: float = 1.0, siblings: str = "iid") -> DynamicTree | None:
+                  value_temperature: float = 1.0, siblings: str = "without_replacement") -> DynamicTree | None:
     """The drafter's DynamicTree when `tree` is true (None: chains); errors name the drafter."""
     if not isinstance(tree, bool):
         raise ValueError(f"{drafter}: tree must be true or false, got {tree!r}")

@@ -293,7 +293,9 @@ def test_lookahead_continuations_match_plain_sampling(stat_target: Any, key: str
 def test_chi_square_detects_siblings_checked_against_p_instead_of_the_residual(stat_target: Any,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The test above has power: a verifier that forgets to zero a rejected sibling fails it."""
-    monkeypatch.setattr(importlib.import_module("specdec.verifier.rules"), "verify_tree", verify_tree_siblings_against_p)
+    rules = importlib.import_module("specdec.verifier.rules")
+    monkeypatch.setattr(rules, "verify_tree", verify_tree_siblings_against_p)  # whichever tree rule the run uses
+    monkeypatch.setattr(rules, "verify_traversal", verify_tree_siblings_against_p)
     options, sampling = STAT_CASES["context-tree-t1"]
     counts, drafted, _, _ = sample_counts(stat_target, LookaheadDrafter(**options), sampling, runs=RUNS)
     assert drafted > 0

@@ -110,7 +110,7 @@ def _reference(playground: Playground, quick_zoo: Path, name: str, tree: bool = 
     result = specdec.generate(load_causal_lm(quick_zoo / "target").eval(),
                               tokenizer(PROMPT, add_special_tokens=False)["input_ids"],
                               drafter=specdec.make_drafter(name, **options), trace=trace,
-                              eos_token_id=tokenizer.eos_token_id, **settings)
+                              eos_token_id=tokenizer.eos_token_id, verify_rule=playground.verify_rule, **settings)
     return result, trace
 
 

@@ -82,7 +82,7 @@ def reference(play_zoo: Path):
                 options.update(specdec.plugins.drafter_class(name).tree_options)
             drafter = specdec.make_drafter(name, **options)
         return specdec.generate(model, prompt, drafter=drafter, eos_token_id=tokenizer.eos_token_id, trace=trace,
-                                **settings)
+                                verify_rule="token", **settings)  # the page's default rule
 
     run.tokenizer, run.model, run.prompt = tokenizer, model, prompt  # type: ignore[attr-defined]
     return run

@@ -96,7 +96,7 @@ def test_sampled_draft_model_trees_give_plain_samplings_law(target, other_model,
 
 
 def test_sampled_trees_hold_duplicate_siblings_and_stay_exact_when_the_drafter_is_the_target(target):
-    drafter = DraftModelDrafter(target, tree=True, top_k=3, total_tokens=6)  # q == p
+    drafter = DraftModelDrafter(target, tree=True, top_k=3, total_tokens=6, siblings="iid")  # q == p
     counts, drafted, accepted, _ = sample_counts(target, drafter, PLAIN, runs=400)
     assert accepted > 0
     p_value = chi_square_p_value(counts, exact_distribution(target, PROMPT, PLAIN))

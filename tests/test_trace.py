@@ -19,10 +19,11 @@ PROMPT = [3, 17, 9, 41, 5, 22, 3, 17, 9]
 
 
 def _run(drafter, sampling: Sampling, eos=None):
+    """A traced run verified token-wise: the rule whose tests these checks read (min(1, p/q) per token)."""
     model = tiny_model("llama")
     trace = Trace()
     result = specdec.generate(model, PROMPT, drafter=drafter, num_draft_tokens=3, max_new_tokens=40,
-                              sampling=sampling, seed=4, trace=trace, eos_token_id=eos)
+                              sampling=sampling, seed=4, trace=trace, eos_token_id=eos, verify_rule="token")
     return result, trace
 
 

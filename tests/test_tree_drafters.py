@@ -354,7 +354,7 @@ class HiddenChecker(Recorder):
 def test_medusa_state_follows_the_accepted_path(tmp_path, sampling):
     target = _target("qwen3")
     checker = HiddenChecker(MedusaDrafter(checkpoint(tmp_path, fitted_heads(target, PROMPT, 3)), tree=True))
-    specdec.generate(target, PROMPT, drafter=checker, num_draft_tokens=3, max_new_tokens=16, sampling=sampling,
+    specdec.generate(target, PROMPT, drafter=checker, num_draft_tokens=3, max_new_tokens=32, sampling=sampling,
                      seed=1)
     assert any(n > 0 for n in checker.accepted) and all(d.probs is None for d in checker.drafts)
     assert any(d.tokens.shape[0] > 0 and (d.parents is not None) for d in checker.drafts)

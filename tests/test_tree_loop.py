@@ -413,7 +413,9 @@ def test_tree_continuations_match_plain_sampling(stat_target, stat_other, key: s
     pytest.param(verify_tree_siblings_against_p, "topk-tree", id="siblings-against-p"),
 ])
 def test_chi_square_detects_a_lossy_tree_verifier(stat_target, stat_other, monkeypatch, lossy, key: str) -> None:
-    monkeypatch.setattr(importlib.import_module("specdec.verifier.rules"), "verify_tree", lossy)
+    rules = importlib.import_module("specdec.verifier.rules")
+    monkeypatch.setattr(rules, "verify_tree", lossy)  # whichever tree rule the run uses
+    monkeypatch.setattr(rules, "verify_traversal", lossy)
     counts, drafted, _, _ = sample_counts(stat_target, STAT_DRAFTERS[key](stat_target, stat_other), PLAIN, runs=RUNS)
     assert drafted > 0
     p_value = chi_square_p_value(counts, exact_distribution(stat_target, STAT_PROMPT, PLAIN))

@@ -39,13 +39,14 @@ from specdec.verifier.chain import (
     verify_greedy,
 )
 from specdec.verifier.expected import expected_accepted
-from specdec.verifier.rules import VERIFY_RULES, chain_rule, check_verify_rule, tree_rule
+from specdec.verifier.rules import DEFAULT_RULE, VERIFY_RULES, chain_rule, check_verify_rule, tree_rule
 from specdec.verifier.siblings import SIBLING_DRAWS, sibling_fault, sibling_rows
 from specdec.verifier.traversal import verify_traversal
 from specdec.verifier.tree import verify_tree, verify_tree_greedy
 from specdec.verifier.validate import DraftError, draft_faults, validate_draft
 
 __all__ = [
+    "DEFAULT_RULE",
     "DraftError",
     "SIBLING_DRAWS",
     "VERIFY_RULES",

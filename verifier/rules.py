@@ -22,9 +22,12 @@ from specdec.verifier.chain import chain_verdict
 from specdec.verifier.traversal import verify_traversal
 from specdec.verifier.tree import verify_tree
 
-__all__ = ["VERIFY_RULES", "chain_rule", "check_verify_rule", "tree_rule"]
+__all__ = ["DEFAULT_RULE", "VERIFY_RULES", "chain_rule", "check_verify_rule", "tree_rule"]
 
 VERIFY_RULES = ("token", "block", "traversal")
+# The default: the rule that keeps the most of a sampled draft, chain or tree, for no loss and a
+# verdict's worth of host work (docs/verification.md, "Which rule by default").
+DEFAULT_RULE = "traversal"
 
 
 def check_verify_rule(rule: object) -> str:

@@ -26,6 +26,7 @@ from specdec.protocols import forget
 from specdec.runtime.engine import compile_seconds
 from specdec.runtime.target import CausalLM
 from specdec.types import Sampling, Stats
+from specdec.verifier import DEFAULT_RULE
 
 __all__ = ["AUTO_MAX", "Contender", "Run", "repeat_rounds", "run_bench"]
 
@@ -44,7 +45,7 @@ class Contender:
     tree: bool = False  # whether the drafter's options make it draft token trees
     compile: bool = False  # specdec's compiled engine (`generate(..., compile=True)`)
     baseline: str = "plain"  # the label of the plain row its speedup divides by (the same engine's)
-    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
+    verify_rule: str = DEFAULT_RULE  # the verification rule (`specdec.verifier.rules`)
 
     @property
     def engine(self) -> str:

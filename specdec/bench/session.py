@@ -22,7 +22,7 @@ from specdec.distributed.sharding import agree_object, is_main_process
 from specdec.errors import one_line
 from specdec.runtime.timing import forward_costs, tree_forward_costs
 from specdec.types import Sampling
-from specdec.verifier import check_verify_rule
+from specdec.verifier import DEFAULT_RULE, check_verify_rule
 from specdec.versions import software_versions
 
 __all__ = ["ENGINES", "BenchConfig", "contenders_for", "default_drafters", "drafts_trees", "machine_info", "run_session",
@@ -52,7 +52,7 @@ class BenchConfig:
     zoo: Path | None = None  # the zoo family benchmarked: its evaluation prompts are the held-out code prompts
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
     prompt_format: str = "auto"  # "chat-template", "raw", or auto: the template for Spec-Bench questions if any
-    verify_rules: tuple[str, ...] = ("token",)  # a row per rule for every drafter (`specdec.verifier.rules`)
+    verify_rules: tuple[str, ...] = (DEFAULT_RULE,)  # a row per rule for every drafter (`specdec.verifier.rules`)
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -92,7 +92,7 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
 
 
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool,
-                   engines: Sequence[str] = ("eager",), rules: Sequence[str] = ("token",)) -> list[Contender]:
+                   engines: Sequence[str] = ("eager",), rules: Sequence[str] = (DEFAULT_RULE,)) -> list[Contender]:
     """Plain decoding, each drafter at each k (a drafter's own `k` option wins) under each
     verification rule, then the peers.
 
@@ -120,7 +120,7 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             label = f"{label}[{shown}]"
         named.append((label, drafter, own, k, tree))
     for label, drafter_name, own, k, tree in [("plain", None, {}, 0, False), *named]:
-        for rule in rules if drafter_name is not None else ("token",):
+        for rule in rules if drafter_name is not None else (DEFAULT_RULE,):
             ruled = f"{label}/{rule}" if drafter_name is not None and len(rules) > 1 else label
             for engine in engines:
                 suffix = "@compiled" if engine == "compiled" and len(engines) > 1 else ""

@@ -211,5 +211,5 @@ def add_play_command(commands: Any) -> None:
     play.add_argument("--queue", type=int, default=4, help="requests that may wait for the model (default 4); "
                       "more are answered 503")
     add_model_options(play, compile=False)
-    add_verify_rule_option(play)
+    add_verify_rule_option(play, default="token")  # it teaches the token-wise rule first; each step shows block too
     play.set_defaults(run=_play)

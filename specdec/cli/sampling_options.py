@@ -14,18 +14,19 @@ from specdec.types import Sampling
 __all__ = ["add_penalty_options", "add_verify_rule_option", "describe", "sampling_from"]
 
 
-def add_verify_rule_option(parser: argparse.ArgumentParser, several: bool = False) -> None:
-    """`--verify-rule`: the verification rule (`specdec.verifier.rules`); with `several`, one or more
-    (the bench adds a row per rule)."""
-    from specdec.verifier.rules import VERIFY_RULES
+def add_verify_rule_option(parser: argparse.ArgumentParser, several: bool = False, default: str | None = None) -> None:
+    """`--verify-rule`: the verification rule (`specdec.verifier.rules`; `default`, else the
+    library's); with `several`, one or more (the bench adds a row per rule)."""
+    from specdec.verifier.rules import DEFAULT_RULE, VERIFY_RULES
 
+    chosen = default or DEFAULT_RULE
     if several:
-        parser.add_argument("--verify-rule", nargs="+", choices=VERIFY_RULES, default=["token"], metavar="RULE",
-                            help=f"verification rules, a row each ({', '.join(VERIFY_RULES)}; default token)")
+        parser.add_argument("--verify-rule", nargs="+", choices=VERIFY_RULES, default=[chosen], metavar="RULE",
+                            help=f"verification rules, a row each ({', '.join(VERIFY_RULES)}; default {chosen})")
     else:
-        parser.add_argument("--verify-rule", choices=VERIFY_RULES, default="token",
-                            help="the verification rule (default token): block keeps more of a sampled chain, "
-                                 "traversal of a sampled tree; every rule is lossless")
+        parser.add_argument("--verify-rule", choices=VERIFY_RULES, default=chosen,
+                            help=f"the verification rule (default {chosen}): block keeps more of a sampled chain, "
+                                 "traversal of a sampled tree too; every rule is lossless")
 
 
 def add_penalty_options(parser: argparse.ArgumentParser) -> None:

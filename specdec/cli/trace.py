@@ -99,6 +99,6 @@ def add_trace_command(commands: Any) -> None:
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--out", default="trace.html", metavar="FILE", help="default ./trace.html")
     trace.add_argument("--quiet", action="store_true", help="no step view in the terminal")
-    add_verify_rule_option(trace)
+    add_verify_rule_option(trace, default="token")  # it teaches the token-wise rule first (docs/learn.md)
     add_model_options(trace)
     trace.set_defaults(run=_trace)

@@ -14,6 +14,7 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
 from specdec.types import Draft, Engine, Sampling
+from specdec.verifier import DEFAULT_RULE
 
 __all__ = ["BatchRun", "Checked", "Row", "live_rows"]
 
@@ -58,7 +59,7 @@ class BatchRun:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     layouts: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
+    verify_rule: str = DEFAULT_RULE  # the verification rule (`specdec.verifier.rules`)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from specdec.protocols import Drafter
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace
 from specdec.types import Engine, Generation, Sampling, UNDECLARED_NODES
-from specdec.verifier import VERIFY_RULES, DraftError, check_verify_rule
+from specdec.verifier import DEFAULT_RULE, VERIFY_RULES, DraftError, check_verify_rule
 
 __all__ = ["generate", "make_pipeline"]
 
@@ -32,7 +32,7 @@ def generate(
     trace: Trace | None = None,
     compile: bool = False,
     tokenizer: Any = None,
-    verify_rule: str = "token",
+    verify_rule: str = DEFAULT_RULE,
 ) -> Generation:
     """Generate up to `max_new_tokens` tokens after `input_ids`, speculatively if a drafter is given.
 
@@ -64,6 +64,8 @@ def generate(
     engine = engine_for(resolved, k, prompt.shape[0] + max_new_tokens, compile)
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(agreed_seed(lm, seed))
+    if trace is not None:
+        trace.verify_rule = verify_rule  # what each step's tests mean (`specdec.teaching.trace_view`)
     with torch.inference_mode():
         tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)
         tokens[: prompt.shape[0]] = prompt

@@ -18,7 +18,7 @@ from specdec.protocols import Drafter
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.target import CausalLM
 from specdec.types import BatchGenerations, Sampling, static_capacity
-from specdec.verifier import check_verify_rule
+from specdec.verifier import DEFAULT_RULE, check_verify_rule
 
 __all__ = ["HOLE_ROOM", "generate_batch"]
 
@@ -36,7 +36,7 @@ def generate_batch(
     seed: int | None = None,
     compile: bool = False,
     tokenizer: Any = None,
-    verify_rule: str = "token",
+    verify_rule: str = DEFAULT_RULE,
 ) -> BatchGenerations:
     """Generate up to `max_new_tokens` tokens after each prompt, all rows in one target forward per step.
 

@@ -38,7 +38,7 @@ from specdec.processing.pipeline import Pipeline
 from specdec.teaching.trace import CacheLengths, Trace
 from specdec.trees import chain_parents, depths, first_path
 from specdec.types import Draft, Engine, Generation, Sampling, Verdict
-from specdec.verifier import (DraftError, chain_rule, draft_faults, greedy_verdict, sibling_rows, tree_rule,
+from specdec.verifier import (DEFAULT_RULE, DraftError, chain_rule, draft_faults, greedy_verdict, sibling_rows, tree_rule,
                               validate_draft, verify_tree_greedy)
 
 __all__ = ["Run", "decode", "first_stop"]
@@ -69,7 +69,7 @@ class Run:
     warned_extra: bool = False  # the warning that extra rows are dropped, once per run
     layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
     pipeline: Pipeline | None = None  # the sampling pipeline (`specdec.processing`); built at prefill when None
-    verify_rule: str = "token"  # the verification rule (`specdec.verifier.rules`)
+    verify_rule: str = DEFAULT_RULE  # the verification rule (`specdec.verifier.rules`)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class Trace:
     prompt: list[int] = field(default_factory=list)
     steps: list[TraceStep] = field(default_factory=list)
     prefill_seconds: float = 0.0
+    verify_rule: str = "token"  # the rule that judged the steps (`specdec.verifier.rules`), set by generate
 
     def record(self, draft: Draft, logits: torch.Tensor, pipeline: Pipeline, prefixes: Prefixes | None,
                verdict: Verdict, emitted: int, draft_seconds: float, verify_seconds: float,

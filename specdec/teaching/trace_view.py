@@ -18,15 +18,22 @@ __all__ = ["trace_html", "trace_lines"]
 _ANSI = {"accepted": "\033[32m", "rejected": "\033[31;9m", "correction": "\033[33m", "bonus": "\033[34m"}
 
 
-def _hover(token: TraceToken) -> str:
+# what a drafted token's `accept` is under each rule: its own ratio, its prefix's test, its node's weight
+_TESTS = {"token": "min(1, p/q)", "block": "h (the test of the prefix ending here)",
+          "traversal": "w (this node's test: the path's weight)"}
+
+
+def _hover(token: TraceToken, rule: str = "token", tree: bool = False) -> str:
     if token.kind == "correction":
-        return (f"correction: drawn after the rejection from norm(max(0, p - q)); the target gave it "
-                f"p = {token.p:.4f}")
+        return (f"correction: drawn after the rejection from a residual of p (norm(max(0, p - q)) token-wise); "
+                f"the target gave it p = {token.p:.4f}")
     if token.kind == "bonus":
         return f"bonus: every draft accepted, drawn from the next position's p (p = {token.p:.4f})"
     parts = [f"p = {token.p:.4f}", f"q = {token.q:.4f}"]
     if token.accept is not None:
-        parts.append(f"min(1, p/q) = {token.accept:.4f}")
+        test = _TESTS["token"] if rule == "token" or (rule == "block" and tree) else \
+            _TESTS["traversal"] if tree else _TESTS["block"]
+        parts.append(f"{test} = {token.accept:.4f}")
     parts.append(f"u = {token.uniform:.4f}" if token.uniform is not None else "greedy: compared with the argmax")
     return ", ".join(parts) + f" -> {token.kind}"
 
@@ -59,7 +66,8 @@ def trace_html(trace: Trace, decode: Callable[[list[int]], str], plain_seconds_p
     scale = 360 / longest  # pixels per second
     rows = []
     for i, step in enumerate(trace.steps, start=1):
-        chips = "".join(chip(decode([t.token]), t.kind, _hover(t)) for t in step.tokens)
+        chips = "".join(chip(decode([t.token]), t.kind, _hover(t, trace.verify_rule, step.parents is not None))
+                        for t in step.tokens)
         bars = (f'<span class="bar draft" style="width:{step.draft_seconds * scale:.1f}px" '
                 f'title="drafting {step.draft_seconds * 1e3:.2f} ms"></span>'
                 f'<span class="bar verify" style="width:{step.verify_seconds * scale:.1f}px" '

@@ -78,6 +78,9 @@ class Evaluation:
                 "new_tokens": self.new_tokens, "temperature": self.temperature, "seed": self.seed}
 
 
+MEASURED_RULE = "token"  # the verification rule of the zoo's figures (`decode_prompts`)
+
+
 def write_evaluation(directory: Path, evaluation: Evaluation) -> None:
     """`directory/evaluation/`: prompts.json (the decoding settings and every prompt) and the windows."""
     folder = directory / EVALUATION
@@ -147,7 +150,9 @@ def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: A
                    compile: bool = False, on_prompt: Callable[[], None] | None = None
                    ) -> tuple[list[list[int]], list[PromptRun], list[float]]:
     """Every prompt decoded with `drafter` (None: plain decoding): the tokens, the counts and the
-    seconds of each. A drafter that remembers earlier outputs forgets them first."""
+    seconds of each. A drafter that remembers earlier outputs forgets them first. Verified
+    token-wise (`MEASURED_RULE`): the zoo's figures keep the rule every engine shares, so they
+    compare with published ones; `docs/verification.md` gives what the other rules add."""
     from specdec.protocols import forget
 
     forget(drafter)
@@ -155,7 +160,7 @@ def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: A
     for i, prompt in enumerate(prompts):
         result = generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter is not None else 0,
                           max_new_tokens=evaluation.new_tokens, sampling=evaluation.sampling,
-                          seed=evaluation.seed + i, compile=compile)
+                          seed=evaluation.seed + i, compile=compile, verify_rule=MEASURED_RULE)
         stats = result.stats
         loops = loop_count(result.tokens, stats.accepted_per_step if drafter is not None else [0] * stats.steps)
         outputs.append(result.tokens)
