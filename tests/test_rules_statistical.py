@@ -1,6 +1,7 @@
 """Each verification rule stays lossless on real drafters, by a chi-square test: block
 verification for the sampled chains of every learned drafter, traversal verification and the
-sibling rule for their sampled trees, with siblings drawn i.i.d. or without replacement; in
+sibling rule for their sampled trees, with siblings drawn i.i.d. or without replacement, token-wise
+chains, and deterministic drafts (n-grams, suffix trees) under block and traversal; in
 batches too. At temperature 0 every rule gives plain greedy decoding's tokens, and the compiled
 engine decodes what the eager one does under each rule.
 
@@ -22,7 +23,7 @@ import torch
 
 import specdec
 from specdec import Sampling
-from specdec.drafters import DraftModelDrafter
+from specdec.drafters import DraftModelDrafter, NgramDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.eagle3 import Eagle3Drafter
 from specdec.drafters.medusa import MedusaDrafter
@@ -77,6 +78,10 @@ def _mtp(**options: object) -> Build:
 WITHOUT = {"siblings": "without_replacement"}
 # (drafter, rule) -> the target and drafter
 CASES: dict[tuple[str, str], Build] = {
+    ("draft-model", "token"): _draft_model(),
+    ("eagle", "token"): _eagle(),
+    ("ngram", "block"): lambda d: (_target(VOCAB), NgramDrafter(max_ngram=3)),
+    ("suffix+tree", "traversal"): lambda d: (_target(VOCAB), specdec.make_drafter("suffix", tree=True)),
     ("draft-model", "block"): _draft_model(),
     ("eagle", "block"): _eagle(),
     ("eagle3", "block"): _eagle3(),
