@@ -88,7 +88,10 @@ def depth(parents: Sequence[int]) -> int:
 def test_every_rule_is_exact_on_chains(rule: str, mode: str, k: int) -> None:
     parents = chain_parents(k)
     for seed in range(3 if k < 4 else 1):
-        for model in (PrefixModel(seed, 3), PrefixModel(seed + 10, 4, TRUNCATED), EndToken(seed + 20, 3)):
+        models = [PrefixModel(seed, 3), PrefixModel(seed + 10, 4, TRUNCATED), EndToken(seed + 20, 3)]
+        if k <= 2:
+            models.append(PrefixModel(seed + 30, 5))  # the widest vocabulary, where the enumeration stays small
+        for model in models:
             law = marginal_verifier_law(CHAIN_RULES[rule], model, parents, mode)
             assert_exact(model, law, k + 1, f"{rule}, {mode}, k {k}, {model!r}")
 
