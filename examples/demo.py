@@ -107,7 +107,8 @@ def decode_one(target: specdec.CausalLM, prompt: torch.Tensor, drafter: Any, eva
                compile: bool, greedy: bool = False) -> specdec.Generation:
     sampling = specdec.Sampling() if greedy else evaluation.sampling
     return specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter else 0,
-                            max_new_tokens=evaluation.new_tokens, sampling=sampling, seed=seed, compile=compile)
+                            max_new_tokens=evaluation.new_tokens, sampling=sampling, seed=seed, compile=compile,
+                            verify_rule=evaluation.verify_rule)
 
 
 def warm_ups(prompts: list[torch.Tensor], drafter: Any, evaluation: Evaluation) -> list[int]:

@@ -19,7 +19,8 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.decoding.adaptive import AdaptiveDraftLength
 from specdec.runtime.timing import forward_costs
 from specdec.types import Draft
-from specdec.verifier import DraftError
+from specdec.zoo.measure import read_evaluation
+from specdec.verifier import DEFAULT_RULE, DraftError
 
 K = 3
 NEW = 12
@@ -48,6 +49,7 @@ def test_bench_writes_table_json_csv_and_plots(bench_run, capsys: pytest.Capture
     code, out, document = bench_run
     assert code == 0
     assert document["schema"] == SCHEMA and document["settings"]["questions"] == 2
+    assert document["settings"]["verify_rules"] == [DEFAULT_RULE]  # off the family's prompts, the library's rule
     assert document["settings"]["turns"] == 3 and document["settings"]["ks"] == [K, "auto"]
     assert {"platform", "cpus", "torch_threads", "device"} <= set(document["machine"])
     assert {"specdec", "torch", "transformers", "python"} <= set(document["versions"])
@@ -247,6 +249,7 @@ def test_on_the_zoo_the_bench_decodes_its_evaluation_with_intervals_ranks_and_lo
     assert code == 0
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["settings"]["sampling"]["temperature"] == figures["evaluation"]["temperature"] == 0.5
+    assert document["settings"]["verify_rules"] == [read_evaluation(quick_zoo).verify_rule] == ["token"]
     records = {r["contender"]: r for r in document["records"] if r["category"] == "all"}
     for name in ("ngram", "eagle", "eagle3"):
         record, published = records[name], figures["drafters"][name]
@@ -263,3 +266,4 @@ def test_on_the_zoo_the_bench_decodes_its_evaluation_with_intervals_ranks_and_lo
     assert records["plain"]["same_as_plain"] is None  # sampled: no token check
     table = capsys.readouterr().out
     assert "mean acc. len [95%]" in table and "question i seeded i" in table and "bootstrap interval" in table
+    assert "rule token (docs/verification.md)" in table

@@ -41,7 +41,7 @@ def _bench(args: argparse.Namespace) -> int:
     from specdec.bench.report import table
     from specdec.bench.session import ENGINES, BenchConfig, default_drafters, run_session
     from specdec.cli.common import parse_drafter_spec
-    from specdec.cli.sampling_options import describe, sampling_from
+    from specdec.cli.sampling_options import describe, rules_for, sampling_from
     from specdec.training.optim import progress
 
     try:
@@ -58,12 +58,18 @@ def _bench(args: argparse.Namespace) -> int:
                 zoo_dir = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
                                     show_progress=not args.no_progress)
         target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
-        temperature = args.temperature
-        if temperature is None:  # on its own prompts the zoo decodes at its family's temperature (greedily it loops)
+        # on its own prompts the zoo decodes at its family's temperature (greedily it loops) and under
+        # the rule of its figures, unless told otherwise
+        on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
+        evaluation = None
+        if on_zoo and (args.temperature is None or args.verify_rule is None):
             from specdec.zoo.measure import read_evaluation
 
-            on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
-            temperature = read_evaluation(zoo_dir).temperature if on_zoo else 0.0  # type: ignore[arg-type]
+            evaluation = read_evaluation(zoo_dir)  # type: ignore[arg-type]
+        temperature = args.temperature
+        if temperature is None:
+            temperature = evaluation.temperature if evaluation is not None else 0.0
+        args.verify_rule = list(rules_for(args.verify_rule, evaluation.verify_rule if evaluation is not None else None))
         sampling = sampling_from(args, temperature)
         if args.drafter:
             from specdec.zoo import drafter_options
@@ -113,6 +119,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"{settings['questions']} questions ({settings['turns']} turns, {settings['prompt_format']} prompts), "
           f"{config.max_new_tokens} new tokens, "
           f"{describe(sampling)}{'' if sampling.greedy else ', question i seeded i'}, "
+          f"rule{'s' if len(config.verify_rules) > 1 else ''} {', '.join(config.verify_rules)} (docs/verification.md), "
           f"median±spread (IQR / median) over {config.repeats} rounds, up to {config.repeat_limit} for a row spreading "
           f"more than {config.noise_bound:.0%} ({document['rounds']} rounds run); [95%]: bootstrap interval over "
           f"prompts, rank: by it among the drafters (= where the intervals cannot order them); from loops: the part of "
@@ -237,7 +244,7 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--top-k", type=int, default=0)
     bench.add_argument("--top-p", type=float, default=1.0)
     add_penalty_options(bench)
-    add_verify_rule_option(bench, several=True)
+    add_verify_rule_option(bench, several=True, on_zoo=True)
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3, help="recorded rounds (default 3)")
     bench.add_argument("--max-repeats", type=int, default=None, metavar="N",

@@ -11,22 +11,37 @@ from specdec.cli.common import CLIError
 from specdec.errors import one_line
 from specdec.types import Sampling
 
-__all__ = ["add_penalty_options", "add_verify_rule_option", "describe", "sampling_from"]
+__all__ = ["add_penalty_options", "add_verify_rule_option", "describe", "rules_for", "sampling_from"]
 
 
-def add_verify_rule_option(parser: argparse.ArgumentParser, several: bool = False, default: str | None = None) -> None:
+def add_verify_rule_option(parser: argparse.ArgumentParser, several: bool = False, default: str | None = None,
+                           on_zoo: bool = False) -> None:
     """`--verify-rule`: the verification rule (`specdec.verifier.rules`; `default`, else the
-    library's); with `several`, one or more (the bench adds a row per rule)."""
+    library's); with `several`, one or more (the bench adds a row per rule). With `on_zoo` the
+    flag's default is None: the command takes the zoo family's rule on the family's own prompts
+    (`rules_for`), the library's elsewhere."""
     from specdec.verifier.rules import DEFAULT_RULE, VERIFY_RULES
 
     chosen = default or DEFAULT_RULE
+    told = f"{chosen}; on the zoo's own prompts, the rule of the family's figures" if on_zoo else chosen
     if several:
-        parser.add_argument("--verify-rule", nargs="+", choices=VERIFY_RULES, default=[chosen], metavar="RULE",
-                            help=f"verification rules, a row each ({', '.join(VERIFY_RULES)}; default {chosen})")
+        parser.add_argument("--verify-rule", nargs="+", choices=VERIFY_RULES, default=None if on_zoo else [chosen],
+                            metavar="RULE", help=f"verification rules, a row each ({', '.join(VERIFY_RULES)}; "
+                                                 f"default {told})")
     else:
-        parser.add_argument("--verify-rule", choices=VERIFY_RULES, default=chosen,
-                            help=f"the verification rule (default {chosen}): block keeps more of a sampled chain, "
+        parser.add_argument("--verify-rule", choices=VERIFY_RULES, default=None if on_zoo else chosen,
+                            help=f"the verification rule (default {told}): block keeps more of a sampled chain, "
                                  "traversal of a sampled tree too; every rule is lossless")
+
+
+def rules_for(told: list[str] | None, family_rule: str | None) -> tuple[str, ...]:
+    """The rules a command runs: those told, else the family's (`family_rule`, when it decodes the
+    zoo family's own evaluation, whose figures were measured under it), else the library's default."""
+    from specdec.verifier.rules import DEFAULT_RULE
+
+    if told:
+        return tuple(told)
+    return (family_rule or DEFAULT_RULE,)
 
 
 def add_penalty_options(parser: argparse.ArgumentParser) -> None:

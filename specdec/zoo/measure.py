@@ -58,6 +58,9 @@ FIGURES = "figures.json"
 FIGURES_FORMAT = 1
 
 
+MEASURED_RULE = "token"  # the verification rule of the zoo's figures (`decode_prompts`)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """What a family is measured on: prompts (text), loss windows LongTensor [n, T], and the decoding."""
@@ -73,12 +76,14 @@ class Evaluation:
     def sampling(self) -> Sampling:
         return Sampling(temperature=self.temperature)
 
+    @property
+    def verify_rule(self) -> str:
+        """The rule the family's figures are measured under (`MEASURED_RULE`)."""
+        return MEASURED_RULE
+
     def settings(self) -> dict[str, Any]:
         return {"prompts": len(self.prompts), "windows": list(self.windows.shape), "k": self.k,
                 "new_tokens": self.new_tokens, "temperature": self.temperature, "seed": self.seed}
-
-
-MEASURED_RULE = "token"  # the verification rule of the zoo's figures (`decode_prompts`)
 
 
 def write_evaluation(directory: Path, evaluation: Evaluation) -> None:
@@ -160,7 +165,7 @@ def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: A
     for i, prompt in enumerate(prompts):
         result = generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter is not None else 0,
                           max_new_tokens=evaluation.new_tokens, sampling=evaluation.sampling,
-                          seed=evaluation.seed + i, compile=compile, verify_rule=MEASURED_RULE)
+                          seed=evaluation.seed + i, compile=compile, verify_rule=evaluation.verify_rule)
         stats = result.stats
         loops = loop_count(result.tokens, stats.accepted_per_step if drafter is not None else [0] * stats.steps)
         outputs.append(result.tokens)
