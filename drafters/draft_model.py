@@ -1,12 +1,14 @@
 """A separate, smaller causal LM as the drafter (Leviathan et al. 2023; Chen et al. 2023).
 
-The draft model shares the target's tokenizer. It keeps its own KV cache through the same
+The draft model shares the target's tokenizer, or drafts across vocabularies
+(`specdec.drafters.translation`: TLI and SLEM). It keeps its own KV cache through the same
 adapter as the target, rolled back to the committed prefix after each verify. Sampled drafts
 report the processed distribution each token was drawn from; greedy drafts are its argmax.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,14 +17,20 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.chains import chain_length, chain_uniforms, cut_chain
+from specdec.drafters.translation import (TRANSLATIONS, Translation, common_prefix, load_draft_tokenizer,
+                                          resolve_translate, same_vocabulary)
 from specdec.drafters.tree_search import TreeColumns, TreeSearch, grow, prefix_q, tree_settings
 from specdec.protocols import DraftContext
+from specdec.runtime.cache import has_recurrent_state
 from specdec.runtime.forward import model_forward
 from specdec.runtime.target import CausalLM
 from specdec.sampling import chain_sampling, pick
 from specdec.types import Draft, Sampling
+from specdec.vocab.mapping import VocabMap
 
 __all__ = ["DraftModelDrafter"]
+
+GREEDY = Sampling()  # SLEM's drafts: the draft model's argmax
 
 
 def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTrainedModel:
@@ -46,26 +54,42 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
 
 
 def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int,
-                step: Callable[..., torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                step: Callable[..., torch.Tensor] | None = None, vocab: VocabMap | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chain of k draft tokens from the draft model's logits [1, V] for the first: each token
     by `pick` (argmax, or a draw at uniforms[i]), each further logits row from a forward of the
-    token on `cache` (`step(model, cache, token)`, by default `model_forward`). Returns tokens
-    [k] and q [k, V] (None when greedy)."""
+    token on `cache` (`step(model, cache, token)`, by default `model_forward`). With `vocab` (a
+    draft model with another vocabulary, TLI) each logits row is first laid out in the target's
+    vocabulary, restricted to the shared ids (`VocabMap.logits_to_target`), and the token drawn
+    there is fed back by its draft id. Returns tokens [k] and q [k, V] (None when greedy), in the
+    target's vocabulary."""
     tokens: list[torch.Tensor] = []
     rows: list[torch.Tensor] = []
     for i in range(k):
+        if vocab is not None:
+            logits = vocab.logits_to_target(logits)  # (1, V_target)
         token, probs = pick(logits, sampling, None if uniforms is None else uniforms[i : i + 1])  # (1,)
         tokens.append(token)
         if probs is not None:
             rows.append(probs)
         if i + 1 < k:  # the logits after the last draft are never needed
-            logits = step(model, cache, token) if step is not None else \
-                model_forward(model, cache, token, 1, (), None, None)[0]  # (1, V)
+            fed = vocab.to_draft(token) if vocab is not None else token  # (1,) in the draft model's vocabulary
+            logits = step(model, cache, fed) if step is not None else \
+                model_forward(model, cache, fed, 1, (), None, None)[0]  # (1, V)
     return torch.cat(tokens), torch.cat(rows) if rows else None
 
 
+def translation_full(drafter: DraftModelDrafter, k: int) -> bool:
+    """Whether a draft across vocabularies would run past the draft model's static cache."""
+    capacity = drafter.lm.kv.capacity if drafter._translation is not None and drafter.lm.kv is not None else None
+    if capacity is None:
+        return False
+    rows = k + 1 + (k * drafter.tree.top_k if drafter.tree is not None else k)
+    return drafter._committed + rows > capacity
+
+
 class DraftModelDrafter:
-    """Drafts with `model` (a causal LM, a checkpoint directory or a hub id) on the target's vocabulary.
+    """Drafts with `model` (a causal LM, a checkpoint directory or a hub id).
 
     A model loaded here from a directory follows the target's device and dtype; a model passed
     in must already be on the target's device.
@@ -75,10 +99,20 @@ class DraftModelDrafter:
     keys and values of the accepted path are gathered into place in its cache (they are exact:
     the draft model saw those very tokens), so nothing is recomputed. Options as for eagle:
     sample=True (the default) draws the draft at temperature > 0 and reports q, a tree's
-    siblings distinct (siblings="without_replacement", the default) or i.i.d. (siblings="iid"); sample=False drafts the
-    argmax chain or the top-k tree. Its cache is static and its
+    siblings distinct (siblings="without_replacement", the default) or i.i.d. (siblings="iid");
+    sample=False drafts the argmax chain or the top-k tree. Its cache is static and its
     steps fixed-shape like the target's (k + 1 rows, one row, top_k tree rows), compiled when
     the generation compiles; a chain's feed and its whole draft loop are one step.
+
+    Another tokenizer: a draft model whose tokenizer differs from the target's drafts across
+    vocabularies (`specdec.drafters.translation`): `translate="tli"` restricts its distribution
+    to the shared ids (chains and trees, sampled or argmax), `"slem"` re-tokenises its argmax
+    chain's text with the target's tokenizer (chains), `"auto"` (the default) takes TLI when
+    sampling and SLEM when greedy. It needs both tokenizers: the target's from
+    `specdec.generate(tokenizer=)` (the CLI and the bench pass it), the draft model's as
+    `tokenizer=` (an object, a directory or a hub id), else the one saved beside a model loaded
+    from a directory. Neither model nor tokenizer is modified. With the same tokenizer (or
+    without tokenizers and an equal number of output rows) it drafts on the target's ids.
     """
 
     name: ClassVar[str] = "draft-model"
@@ -86,28 +120,43 @@ class DraftModelDrafter:
 
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
                  total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
-                 shard: bool = False, sample: bool = True, siblings: str = "without_replacement") -> None:
+                 shard: bool = False, sample: bool = True, siblings: str = "without_replacement",
+                 translate: str = "auto", tokenizer: Any = None) -> None:
         self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature, siblings)
         if not isinstance(sample, bool):
             raise ValueError(f"draft-model: sample must be true or false, got {sample!r}")
+        if translate not in TRANSLATIONS:
+            raise ValueError(f"draft-model: translate must be one of {', '.join(TRANSLATIONS)}, got {translate!r}")
         self.sample = sample
+        self.translate = translate
         self._columns: TreeColumns | None = None  # where the last tree's expanded nodes sit
         self._kept: list[int] = []  # search id of each node of the last tree draft
+        self._tree_tokens: list[int] = []  # the last tree draft's tokens (target ids), node by node
         self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
-        self._committed = 0  # len(ctx.tokens) when the last draft was proposed
+        self.draft_tokenizer = load_draft_tokenizer(tokenizer, model)  # None when unknown
+        self._bridges: dict[tuple[int, str], Translation | None] = {}  # (target tokenizer, mode) -> its bridge
+        self._translation: Translation | None = None  # this generation's, when the vocabularies differ
+        self._committed = 0  # the draft model's ids for the committed sequence when the last draft was proposed
         self._max_draft = 0  # the loop's k in this generation
 
     @property
     def cache_length(self) -> int:
         return self.lm.cache_length
 
+    def fork(self) -> DraftModelDrafter:
+        """Another instance for one more row of a batch: the same model, tokenizers and vocabulary
+        map, a cache and an alignment of its own."""
+        twin = copy.copy(self)
+        twin.lm = CausalLM(self.lm.model, role="draft model")
+        twin._columns, twin._kept, twin._tree_tokens = None, [], []
+        twin._bridges = self._bridges  # read-only once built
+        twin._translation = None
+        twin._committed = 0
+        return twin
+
     def prefill(self, ctx: DraftContext) -> None:
-        if self.lm.vocab_size != ctx.vocab_size:
-            raise ValueError(
-                f"draft-model: vocabulary mismatch: the draft model has {self.lm.vocab_size} "
-                f"output tokens, the target {ctx.vocab_size}; use a draft model with the target's tokenizer"
-            )
+        self._translation = self._bridge(ctx)
         if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
             moved = self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype)  # type: ignore[call-arg]
             self.lm = CausalLM(moved, role="draft model")
@@ -117,10 +166,54 @@ class DraftModelDrafter:
         k = ctx.engine.max_draft
         tree_rows = k * self.tree.top_k if self.tree is not None else k
         capacity = ctx.engine.capacity(extra=k + 1 + tree_rows) if ctx.engine.max_length else None
+        if self._translation is not None and capacity is not None:
+            capacity = self._translation.capacity(capacity)
         self.lm.reset(capacity, compile=ctx.engine.compile)
+        if self._translation is not None and has_recurrent_state(self.lm.cache):
+            raise ValueError(f"draft-model: {type(self.lm.model).__name__} keeps a recurrent state, which cannot go "
+                             "back to where a new tokenisation of the committed text departs from the old; across "
+                             "tokenizers use a draft model of attention layers")
         self._max_draft = k
-        if ctx.tokens.shape[0] > 1:  # eager: the prompt's length varies
-            self.lm.forward(ctx.tokens[:-1], keep=1)
+        ids = self._context_ids(ctx)
+        if ids.shape[0] > 1:  # eager: the prompt's length varies
+            self.lm.forward(ids[:-1], keep=1)
+        if self._translation is not None:
+            self._translation.held = ids[:-1].tolist()
+
+    def _bridge(self, ctx: DraftContext) -> Translation | None:
+        """The generation's bridge to the target's vocabulary, or None when the draft model drafts
+        on the target's ids."""
+        target_tokenizer, draft_tokenizer = ctx.tokenizer, self.draft_tokenizer
+        if target_tokenizer is None or draft_tokenizer is None:
+            if self.lm.vocab_size != ctx.vocab_size:
+                missing = "the target's (specdec.generate(tokenizer=...))" if target_tokenizer is None else \
+                    "the draft model's (tokenizer=, or a model directory that holds one)"
+                raise ValueError(
+                    f"draft-model: vocabulary mismatch: the draft model has {self.lm.vocab_size} output tokens, "
+                    f"the target {ctx.vocab_size}; a draft model with another tokenizer needs both tokenizers, and "
+                    f"{missing} is missing")
+            return None
+        mode = resolve_translate(self.translate, ctx.sampling)
+        key = (id(target_tokenizer), mode)
+        if key not in self._bridges:
+            if same_vocabulary(draft_tokenizer, target_tokenizer, self.lm.vocab_size, ctx.vocab_size):
+                self._bridges[key] = None
+            else:
+                if mode == "slem" and self.tree is not None:
+                    raise ValueError("draft-model: tree=True crosses vocabularies by TLI only (SLEM re-tokenises a "
+                                     "chain's text); give translate=tli, or drop tree=true")
+                self._bridges[key] = Translation.between(mode, draft_tokenizer, target_tokenizer,
+                                                         self.lm.vocab_size, ctx.vocab_size, self.lm.device)
+        bridge = self._bridges[key]
+        return None if bridge is None else bridge.fresh()
+
+    def _context_ids(self, ctx: DraftContext) -> torch.Tensor:
+        """The committed sequence in the draft model's ids [T'] (the target's own when they are shared)."""
+        if self._translation is None:
+            return ctx.tokens
+        ids = self._translation.start(ctx.tokens) if self._translation.seen == 0 else \
+            self._translation.follow(ctx.tokens)
+        return torch.tensor(ids, dtype=torch.long, device=self.lm.device)
 
     def max_draft_nodes(self, k: int) -> int:
         return k if self.tree is None else self.tree.total_tokens
@@ -135,71 +228,111 @@ class DraftModelDrafter:
         return self._max_draft + 1 if pending.shape[0] <= self._max_draft + 1 else None
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
-        self._committed = ctx.tokens.shape[0]
+        ids = self._context_ids(ctx)  # (T',) the committed sequence in the draft model's ids
+        self._committed = ids.shape[0]
         self._columns = None
         if self.lm.max_positions is not None:  # a draft model with fewer positions drafts less
             k = min(k, self.lm.max_positions - self._committed)
-        if k <= 0:
+        if translation_full(self, k):  # the draft model's ids outgrew their cache (`Translation.capacity`)
+            k = 0
+        if k <= 0 or self._committed == 0:  # (a prompt of nothing but ids the draft model has no text for)
             return Draft(ctx.tokens[:0])
-        pending = ctx.tokens[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
+        pending = ids[self.lm.cache_length :]  # (>= 1,) committed ids not yet in the cache
+        translation = self._translation
         if self.tree is not None:
             obstacle = self.lm.masked_obstacle
             if obstacle is not None:
                 raise ValueError(f"draft-model: tree=True needs a draft model that can run tree forwards, but "
                                  f"{type(self.lm.model).__name__} cannot: {obstacle}")
-            return self._propose_tree(ctx, k, pending)
+            return self._propose_tree(ctx, k, pending, ids)
+        slem = translation is not None and translation.mode == "slem"
+        vocab = translation.vocab if translation is not None else None
         n = chain_length(ctx, k)  # a chain the budget's end cuts short: the usual one, cut to k
         if self.lm.max_positions is not None and self._committed + n > self.lm.max_positions:
             n = k
-        uniforms = chain_uniforms(ctx, n, self.sample and not ctx.sampling.greedy)
+        uniforms = chain_uniforms(ctx, n, self.sample and not ctx.sampling.greedy and not slem)
+        sampling = GREEDY if slem else ctx.sampling  # SLEM proposes the draft model's argmax
         rows = self._feed_rows(pending)
-        if n == self._max_draft and self.lm.static and rows is not None and not ctx.sampling.reads_prefix:
+        if n == self._max_draft and self.lm.static and rows is not None and (slem or not ctx.sampling.reads_prefix):
             # the usual draft: feed and loop, one step
-            tokens, probs = self.lm.fed_chain(draft_chain, pending, rows, n - 1, uniforms, ctx.sampling, n)
+            tokens, probs = self.lm.fed_chain(draft_chain, pending, rows, n - 1, uniforms, sampling, n, None, vocab)
+        else:  # a shorter chain (k=auto), or a model on a dynamic cache: forward by forward
+            logits = self._feed(pending)  # (1, V)
+
+            def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
+                return self.lm.forward(token, keep=1, rows=1)[0]
+
+            tokens, probs = draft_chain(None, None, logits, uniforms, sampling if slem else chain_sampling(ctx), n,
+                                        step, vocab)
+        if translation is None:
             return cut_chain(tokens, probs, k)
-        logits = self._feed(pending)  # (1, V)
-        # a shorter chain (k=auto), or a model on a dynamic cache: forward by forward
+        fed = tokens[: n - 1] if slem or vocab is None else vocab.to_draft(tokens[: n - 1])
+        translation.held = [*ids.tolist(), *fed.tolist()]
+        if slem:  # the draft's text in the target's ids, verified by sample-and-match
+            drafted = translation.target_ids(tokens.tolist(), ctx.tokens, k)
+            return Draft(torch.tensor(drafted, dtype=torch.long, device=ctx.tokens.device))
+        return cut_chain(tokens, probs, k)
 
-        def step(model: object, cache: object, token: torch.Tensor) -> torch.Tensor:
-            return self.lm.forward(token, keep=1, rows=1)[0]
-
-        tokens, probs = draft_chain(None, None, logits, uniforms, chain_sampling(ctx), k, step)
-        return Draft(tokens, probs)
-
-    def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor) -> Draft:
+    def _propose_tree(self, ctx: DraftContext, k: int, pending: torch.Tensor, ids: torch.Tensor) -> Draft:
         """Run the pending ids (the cache then holds all T committed ids), then grow the tree,
-        a depth-d node at position T - 1 + d seeing the committed ids and its ancestors."""
+        a depth-d node at position T - 1 + d seeing the committed ids and its ancestors. Across
+        vocabularies (TLI) the search runs on the target's ids and each node is fed by its
+        draft id."""
         assert self.tree is not None
+        vocab = self._translation.vocab if self._translation is not None else None
         logits = self._feed(pending)  # (1, V)
-        committed = ctx.tokens.shape[0]
+        committed = ids.shape[0]
         columns = TreeColumns(committed, self.lm.mask_width, rows=self.tree.top_k)
 
         def expand(search: TreeSearch, nodes: list[int]) -> torch.Tensor:
             rows = columns.padded(len(nodes))  # one shape per depth: padded to top_k rows
             tokens = torch.tensor([search.tokens[n] for n in nodes] + [0] * (rows - len(nodes)),
                                   device=self.lm.device)  # (rows,)
+            if vocab is not None:
+                tokens = vocab.to_draft(tokens).clamp(min=0)  # padding: any draft id (its rows are dropped)
             positions = torch.full((rows,), committed - 1 + search.depths[nodes[0]], device=self.lm.device)
             visible = columns.visible(search, nodes, self.lm.device)
             out, _ = self.lm.forward_masked(tokens, positions, visible, keep=rows)
             self.lm.rollback(self.lm.cache_length - (rows - len(nodes)))  # the padding is stale
-            return out[: len(nodes)]  # (f, V)
+            out = out[: len(nodes)]  # (f, V)
+            return vocab.logits_to_target(out) if vocab is not None else out
 
-        draft, self._kept = grow(logits[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=self.sample,
+        root = vocab.logits_to_target(logits) if vocab is not None else logits
+        draft, self._kept = grow(root[0], expand, self.tree, k, ctx.sampling, ctx.generator, sampled=self.sample,
                                  prefix_q=prefix_q(ctx))
         self._columns = columns
+        self._tree_tokens = draft.tokens.tolist()
+        if self._translation is not None:
+            self._translation.held = ids.tolist()
         return draft
 
     def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+        translation = self._translation
         if self._columns is not None:  # a tree: gather the expanded part of the accepted path
             columns, base = self._columns, self._committed
             rows: list[int] = []
+            path: list[int] = []
             for node in ctx.accepted:
                 column = columns.column.get(self._kept[node])
                 if column is None:
                     break
                 rows.append(column - base)
-            self.lm.keep_path(base, rows[: max(0, ctx.tokens.shape[0] - 1 - base)])
+                path.append(self._tree_tokens[node])
+            if translation is None:
+                self.lm.keep_path(base, rows[: max(0, ctx.tokens.shape[0] - 1 - base)])
+                self._columns = None
+                return
+            self.lm.keep_path(base, rows)
+            assert translation.vocab is not None
+            translation.held += translation.vocab.to_draft(torch.tensor(path, dtype=torch.long)).tolist()
             self._columns = None
+        if translation is not None:
+            # keep what the new tokenisation of the committed text still begins with, and commit it
+            ids = translation.follow(ctx.tokens)
+            keep = min(common_prefix(translation.held, ids), len(ids) - 1, self.lm.cache_length)
+            keep = max(keep, 0)
+            self.lm.rollback(keep)
+            translation.held = translation.held[:keep]
             return
         # The cache holds the C ids committed at propose time, then d_1..d_{k-1}: keep the
         # committed part, never more than all but the newest committed id.

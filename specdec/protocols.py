@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -46,6 +46,9 @@ class DraftContext:
         whether the budget's end cut the draft short.
     pipeline: the generation's sampling pipeline (`specdec.processing.Pipeline`); a drafter
         reaches it through `probabilities` and `greedy_ids`.
+    tokenizer: the target's tokenizer when the caller gave one (`specdec.generate(tokenizer=)`),
+        else None; a drafter that works on text (a draft model with a vocabulary of its own)
+        reads it here.
     """
 
     tokens: torch.Tensor
@@ -59,6 +62,7 @@ class DraftContext:
     extra_logits: torch.Tensor | None = None
     budget: int | None = None
     pipeline: Pipeline | None = None
+    tokenizer: Any = None
 
     def probabilities(self, logits: torch.Tensor, drafted: Sequence[Sequence[int] | torch.Tensor] | None = None
                       ) -> torch.Tensor:

@@ -199,7 +199,8 @@ def shrink(run: BatchRun) -> None:
 def _context(run: BatchRun, row: Row, hidden: torch.Tensor | None, accepted: tuple[int, ...],
              extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(row.tokens[: row.length], run.sampling, row.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine, extra_logits, run.max_new_tokens - row.produced, row.pipeline)
+                        accepted, run.engine, extra_logits, run.max_new_tokens - row.produced, row.pipeline,
+                        run.tokenizer)
 
 
 def _totals(run: BatchRun, generations: list[Generation], prefill_seconds: float, wall_seconds: float) -> Stats:

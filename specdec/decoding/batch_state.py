@@ -60,6 +60,7 @@ class BatchRun:
     verify_seconds: float = 0.0
     layouts: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     verify_rule: str = DEFAULT_RULE  # the verification rule (`specdec.verifier.rules`)
+    tokenizer: Any = None  # the target's, when the caller gave it (`DraftContext.tokenizer`)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ def generate(
         tokens[: prompt.shape[0]] = prompt
         stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device) if stop_ids else None
         run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
-                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline, verify_rule=verify_rule)
+                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline, verify_rule=verify_rule,
+                  tokenizer=tokenizer)
         return decode(run)
 
 

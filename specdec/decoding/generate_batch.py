@@ -94,5 +94,5 @@ def generate_batch(
                 stop_ids |= frozenset(pipeline.matcher.stop_ids)
         run = BatchRun(batch_target, lm, None if resolved is None else batched(resolved, name, len(rows)), resolved,
                        name, k, max_new_tokens, sampling, stop_ids, engine, rows, buckets=batch_target.compiled,
-                       verify_rule=verify_rule)
+                       verify_rule=verify_rule, tokenizer=tokenizer)
         return decode_batch(run)

@@ -70,6 +70,7 @@ class Run:
     layers: tuple[int, ...] = ()  # the target layers whose hidden states the drafter reads (`hidden_layers`)
     pipeline: Pipeline | None = None  # the sampling pipeline (`specdec.processing`); built at prefill when None
     verify_rule: str = DEFAULT_RULE  # the verification rule (`specdec.verifier.rules`)
+    tokenizer: Any = None  # the target's, when the caller gave it (`DraftContext.tokenizer`)
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,8 @@ def _shown_prefixes(run: Run, proposal: Proposal, block: Block) -> Prefixes | No
 def _context(run: Run, hidden: torch.Tensor | None, accepted: tuple[int, ...],
              extra_logits: torch.Tensor | None = None) -> DraftContext:
     return DraftContext(run.tokens[: run.length], run.sampling, run.generator, run.lm, run.lm.vocab_size, hidden,
-                        accepted, run.engine, extra_logits, run.max_new_tokens - run.produced, run.pipeline)
+                        accepted, run.engine, extra_logits, run.max_new_tokens - run.produced, run.pipeline,
+                        run.tokenizer)
 
 
 def _call(run: Run, method: str, *args: Any) -> Any:
