@@ -42,12 +42,16 @@ ROWS: dict[str, dict[str, Any]] = {  # label -> make_drafter options beyond the 
 }
 
 
-def load_target(gguf: Path) -> tuple[Any, Any]:
+def load_target(gguf: Path | None, target: Path | None) -> tuple[Any, Any]:
+    """The target and its tokenizer: from the GGUF file, else from a transformers directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
-    from specdec.checkpoints import quiet_transformers
+    from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 
+    if target is not None:
+        return load_tokenizer(target), load_causal_lm(target)
+    assert gguf is not None
     logging.disable_progress_bar()  # the GGUF loader's per-tensor bar
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -95,22 +99,27 @@ def forward_seconds(model: Any, prompt: list[int], repeats: int = 5) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct's GGUF file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct's GGUF file")
+    source.add_argument("--target", type=Path, help="or any transformers causal LM directory with its tokenizer")
+    parser.add_argument("--quick", action="store_true", help="the quick zoo family's draft model (tests)")
+    parser.add_argument("--cache-dir", default=None, help="the zoo cache (default ~/.cache/specdec/zoo)")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.8])
     parser.add_argument("--prompts", type=int, default=6, help="held-out code prompts (default 6)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = parser.parse_args(argv)
-    if not args.gguf.is_file():
+    if args.gguf is not None and not args.gguf.is_file():
         parser.error(f"--gguf: no file {str(args.gguf)!r}; see the module docstring for where to get it")
     torch.manual_seed(0)
-    directory = zoo.ready(zoo.FULL, show_progress=False)
-    tokenizer, model = load_target(args.gguf)
+    directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir, show_progress=False)
+    tokenizer, model = load_target(args.gguf, args.target)
     texts = [p.text for p in read_evaluation(directory).prompts[: args.prompts]]
     prompts = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     unit = forward_seconds(model, prompts[0])
-    print(f"target SmolLM2-135M-Instruct ({len(tokenizer)} ids), {len(prompts)} code prompts, {args.new_tokens} new "
+    name = args.gguf.stem if args.gguf is not None else args.target.name
+    print(f"target {name} ({len(tokenizer)} ids), {len(prompts)} code prompts, {args.new_tokens} new "
           f"tokens, k = {args.k}, eager, {torch.get_num_threads()} threads; one target forward {unit * 1e3:.1f} ms")
     print(f"{'row':<18} {'T':>4} {'MAL':>6} {'accept':>7} {'tax':>6} {'tok/s':>7} {'speedup':>8}")
     for temperature in args.temperature:

@@ -15,8 +15,21 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ELSEWHERE = {"demo.py"}  # run by tests/test_demo.py
 
 
+def _tiny_target(directory: Path) -> Path:
+    """A tiny Llama on a metaspace tokenizer of its own (another vocabulary than the zoo's)."""
+    from tiny import tiny_model
+    from tokenizers_for_tests import metaspace_tokenizer
+
+    tokenizer = metaspace_tokenizer(directory)
+    tiny_model("llama", vocab_size=len(tokenizer), seed=0).save_pretrained(directory)
+    return directory
+
+
 def _arguments(name: str, cache: str, tmp_path: Path) -> list[str]:
     quick = ["--quick", "--cache-dir", cache]
+    if name == "cross_family.py":
+        return ["--target", str(_tiny_target(tmp_path / "target")), *quick, "--prompts", "1", "--new-tokens", "6",
+                "--temperature", "0", "0.8", "--rows", "draft-model tli", "draft-model slem"]
     return {
         "compare_with_transformers.py": [*quick, "--repeats", "1", "--new-tokens", "8", "--device", "cpu"],
         "trace_a_run.py": [*quick, "--new-tokens", "8", "--out", str(tmp_path / "trace.html")],
