@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import specdec
 from specdec import Draft, Sampling
-from specdec.checkpoints import load_causal_lm
+from specdec.checkpoints import load_causal_lm, load_tokenizer
 from specdec.distributed.ranks import CHECK_VARIABLE, RankDisagreement
 
 TEXTS = ["def parse(text):\n    ", "import os\nimport sys\n\n\ndef main("]
@@ -47,6 +47,7 @@ def drafters(zoo: Path, files: Path) -> dict[str, Any]:
         "draft-model": lambda: specdec.make_drafter("draft-model", model=str(zoo / "draft-model")),
         "draft-model+tree": lambda: specdec.make_drafter("draft-model", model=str(zoo / "draft-model"), tree=True),
         "draft-model-sharded": lambda: specdec.make_drafter("draft-model", model=str(files / "draft"), shard=True),
+        "draft-model-xtok": lambda: specdec.make_drafter("draft-model", model=str(files / "draft-xtok")),
         "eagle": lambda: specdec.make_drafter("eagle", path=str(zoo / "eagle")),
         "eagle+tree": lambda: specdec.make_drafter("eagle", path=str(zoo / "eagle"), tree=True),
         "eagle3": lambda: specdec.make_drafter("eagle3", path=str(zoo / "eagle3")),
@@ -88,15 +89,16 @@ def main() -> None:
     ids = prompts(zoo)
     seen: dict[str, Any] = {"rank": rank}
     target = load_causal_lm(zoo / "target", tp=2)
+    tokenizer = load_tokenizer(zoo / "target")  # for the draft model with a tokenizer of its own
     seen["sharded"] = type(target.get_output_embeddings().weight).__name__
     for name, make in drafters(zoo, files).items():
-        seen[f"greedy/{name}"] = [specdec.generate(target, p, drafter=make(), max_new_tokens=NEW).tokens
-                                  for p in ids]
+        seen[f"greedy/{name}"] = [specdec.generate(target, p, drafter=make(), max_new_tokens=NEW,
+                                                   tokenizer=tokenizer).tokens for p in ids]
         # a different seed on every rank, and none: the ranks still emit the same tokens
         seen[f"sampled/{name}"] = [specdec.generate(target, p, drafter=make(), max_new_tokens=NEW, sampling=SAMPLED,
-                                                    seed=1000 + 7 * rank).tokens for p in ids]
+                                                    seed=1000 + 7 * rank, tokenizer=tokenizer).tokens for p in ids]
         seen[f"unseeded/{name}"] = specdec.generate(target, ids[0], drafter=make(), max_new_tokens=NEW,
-                                                    sampling=SAMPLED).tokens
+                                                    sampling=SAMPLED, tokenizer=tokenizer).tokens
     for name in ("plain", "ngram", "draft-model", "eagle"):
         make = drafters(zoo, files)[name]
         seen[f"batch-greedy/{name}"] = [g.tokens for g in specdec.generate_batch(target, ids, drafter=make(),

@@ -42,6 +42,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
                          tie_word_embeddings=False)
     LlamaForCausalLM(config).eval().save_pretrained(root / "draft")
+    from tokenizers_for_tests import metaspace_tokenizer  # a draft model with a tokenizer of its own
+
+    other = metaspace_tokenizer(root / "draft-xtok")
+    config = LlamaConfig(vocab_size=len(other), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).eval().save_pretrained(root / "draft-xtok")
     (root / "prompts.txt").write_text("def parse(text):\n    return\nimport os\n")
     (root / "corpus").mkdir()
     small = [p for p in stdlib_corpus().train if 2_000 < p.stat().st_size < 6_000][:18]
@@ -68,18 +75,22 @@ def ranks(quick_zoo: Path, files: Path, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def alone(quick_zoo: Path, files: Path) -> dict[str, Any]:
     """The same decodings in one process, on the whole target."""
+    from specdec.checkpoints import load_tokenizer
+
     target = load_causal_lm(quick_zoo / "target")
+    tokenizer = load_tokenizer(quick_zoo / "target")
     ids = prompts(quick_zoo)
     seen: dict[str, Any] = {"ids": ids}
     for name, make in drafters(quick_zoo, files).items():
         if name == "draft-model-sharded":  # alone, the same draft model whole
             make = lambda: specdec.make_drafter("draft-model", model=str(files / "draft"))  # noqa: E731
-        seen[name] = [specdec.generate(target, p, drafter=make(), max_new_tokens=NEW).tokens for p in ids]
+        seen[name] = [specdec.generate(target, p, drafter=make(), max_new_tokens=NEW, tokenizer=tokenizer).tokens
+                      for p in ids]
     return seen
 
 
-FAMILIES = ["plain", "ngram", "suffix", "lookahead", "medusa+tree", "draft-model", "draft-model+tree", "draft-model-sharded", "eagle", "eagle+tree",
-            "eagle3", "mtp"]
+FAMILIES = ["plain", "ngram", "suffix", "lookahead", "medusa+tree", "draft-model", "draft-model+tree", "draft-model-sharded",
+            "draft-model-xtok", "eagle", "eagle+tree", "eagle3", "mtp"]
 
 
 def test_the_target_is_sharded(ranks):
