@@ -19,7 +19,8 @@ import specdec
 from specdec import Draft, hookspecs, plugins
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 
-BUILTIN_NAMES = {"ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "suffix", "retrieval"}  # the drafters specdec ships
+BUILTIN_NAMES = {"ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "suffix", "retrieval",
+                 "self"}  # the drafters specdec ships
 
 
 @dataclass
