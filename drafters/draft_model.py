@@ -26,7 +26,7 @@ from specdec.runtime.forward import model_forward
 from specdec.runtime.target import CausalLM
 from specdec.sampling import chain_sampling, pick
 from specdec.types import Draft, Sampling
-from specdec.vocab.mapping import VocabMap
+from specdec.vocab.mapping import NoSharedTokens, VocabMap
 
 __all__ = ["DraftModelDrafter"]
 
@@ -108,7 +108,7 @@ class DraftModelDrafter:
     vocabularies (`specdec.drafters.translation`): `translate="tli"` restricts its distribution
     to the shared ids (chains and trees, sampled or argmax), `"slem"` re-tokenises its argmax
     chain's text with the target's tokenizer (chains), `"auto"` (the default) takes TLI when
-    sampling and SLEM when greedy. It needs both tokenizers: the target's from
+    sampling and SLEM when greedy (and SLEM where the vocabularies share no text token). It needs both tokenizers: the target's from
     `specdec.generate(tokenizer=)` (the CLI and the bench pass it), the draft model's as
     `tokenizer=` (an object, a directory or a hub id), else the one saved beside a model loaded
     from a directory. Neither model nor tokenizer is modified. With the same tokenizer (or
@@ -135,7 +135,7 @@ class DraftModelDrafter:
         self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self.draft_tokenizer = load_draft_tokenizer(tokenizer, model)  # None when unknown
-        self._bridges: dict[tuple[int, str], Translation | None] = {}  # (target tokenizer, mode) -> its bridge
+        self._bridges: dict[tuple[int, str, str], Translation | None] = {}  # (target tokenizer, mode, device)
         self._translation: Translation | None = None  # this generation's, when the vocabularies differ
         self._committed = 0  # the draft model's ids for the committed sequence when the last draft was proposed
         self._max_draft = 0  # the loop's k in this generation
@@ -156,13 +156,13 @@ class DraftModelDrafter:
         return twin
 
     def prefill(self, ctx: DraftContext) -> None:
-        self._translation = self._bridge(ctx)
         if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
             moved = self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype)  # type: ignore[call-arg]
             self.lm = CausalLM(moved, role="draft model")
         if self.lm.device != ctx.target.device:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")
+        self._translation = self._bridge(ctx)  # its vocabulary map on the draft model's device, as moved
         k = ctx.engine.max_draft
         tree_rows = k * self.tree.top_k if self.tree is not None else k
         capacity = ctx.engine.capacity(extra=k + 1 + tree_rows) if ctx.engine.max_length else None
@@ -194,18 +194,36 @@ class DraftModelDrafter:
                     f"{missing} is missing")
             return None
         mode = resolve_translate(self.translate, ctx.sampling)
-        key = (id(target_tokenizer), mode)
+        key = (id(target_tokenizer), mode, str(self.lm.device))
         if key not in self._bridges:
             if same_vocabulary(draft_tokenizer, target_tokenizer, self.lm.vocab_size, ctx.vocab_size):
                 self._bridges[key] = None
             else:
-                if mode == "slem" and self.tree is not None:
-                    raise ValueError("draft-model: tree=True crosses vocabularies by TLI only (SLEM re-tokenises a "
-                                     "chain's text); give translate=tli, or drop tree=true")
-                self._bridges[key] = Translation.between(mode, draft_tokenizer, target_tokenizer,
-                                                         self.lm.vocab_size, ctx.vocab_size, self.lm.device)
+                self._bridges[key] = self._translation_between(mode, draft_tokenizer, target_tokenizer,
+                                                               ctx.vocab_size)
         bridge = self._bridges[key]
         return None if bridge is None else bridge.fresh()
+
+    def _translation_between(self, mode: str, draft_tokenizer: Any, target_tokenizer: Any,
+                             target_vocab: int) -> Translation:
+        """The bridge for `mode` (`resolve_translate`'s); under "auto" TLI for trees (SLEM drafts
+        chains), and SLEM where TLI's vocabularies share no text token."""
+        if mode == "slem" and self.translate == "auto" and self.tree is not None:
+            mode = "tli"
+        try:
+            if mode == "tli":
+                return Translation.between("tli", draft_tokenizer, target_tokenizer, self.lm.vocab_size, target_vocab,
+                                           self.lm.device)
+        except NoSharedTokens:
+            if self.translate != "auto":
+                raise
+            mode = "slem"
+        if self.tree is not None:
+            raise ValueError("draft-model: tree=True crosses vocabularies by TLI only (SLEM re-tokenises a chain's "
+                             "text)" + ("; give translate=tli, or drop tree=true" if self.translate == "slem" else
+                                        ", and these vocabularies share no token: drop tree=true"))
+        return Translation.between("slem", draft_tokenizer, target_tokenizer, self.lm.vocab_size, target_vocab,
+                                   self.lm.device)
 
     def _context_ids(self, ctx: DraftContext) -> torch.Tensor:
         """The committed sequence in the draft model's ids [T'] (the target's own when they are shared)."""

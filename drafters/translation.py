@@ -22,8 +22,9 @@ way never as an unknown token, and no BOS or EOS is inserted mid-stream. After e
 draft model's cache keeps the longest prefix of what it holds that the new ids still begin with
 (`common_prefix`) and runs the rest.
 
-`translate="auto"` picks TLI when the generation samples and SLEM when it is greedy
-(`resolve_translate`; `docs/drafters.md` gives the measurements behind the rule).
+`translate="auto"` picks TLI when the generation samples and SLEM when it is greedy, and SLEM
+wherever the vocabularies share no text token (`resolve_translate`; `docs/drafters.md` gives the
+measurements behind the rule).
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ TAIL = 8  # committed target ids SLEM re-tokenises its draft after (`retokenize_
 
 def resolve_translate(option: str, sampling: Sampling) -> str:
     """The translation a generation uses: `option` unless "auto", which is TLI when sampling and
-    SLEM when greedy (at temperature 0 SLEM's canonical re-tokenisation matches the target's own
-    token boundaries, where TLI can only propose the draft model's)."""
+    SLEM when greedy. Measured on the zoo (`docs/drafters.md`): with a draft model that guesses the
+    target's text well, SLEM's argmax chain re-tokenised at the target's own token boundaries is
+    accepted more at temperature 0, and TLI's sampled draft over the shared tokens more when
+    sampling. Under "auto" the drafter takes TLI for trees, greedy too (SLEM drafts chains), and
+    SLEM when the vocabularies share no text token (`specdec.vocab.mapping.NoSharedTokens`)."""
     if option not in TRANSLATIONS:
         raise ValueError(f"draft-model: translate must be one of {', '.join(TRANSLATIONS)}, got {option!r}")
     if option != "auto":

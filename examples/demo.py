@@ -1,17 +1,18 @@
 """`make demo`: every drafter of the zoo, side by side, on held-out code prompts.
 
 The zoo ships with specdec (`specdec.zoo.shipped`): a tokenizer, a 32-layer Qwen3-architecture
-target with an MTP module, a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained
-by specdec on the standard library's source, and a retrieval datastore of that text, rebuilt from
-its recipe on first use. Every machine decodes with the same bytes, so the accepted lengths below
-are the ones `docs/zoo.md` publishes. Every drafter, the training-free ones (ngram, lookahead,
-suffix, retrieval) and the learned ones, decodes the family's evaluation prompts (held-out
-function signatures, class headers and half-written functions) at the family's temperature with
-a fixed seed per prompt, k draft tokens per step, interleaved prompt by prompt with plain decoding
-of the same target, once drafting chains and once drafting token trees (NAME+tree,
-`docs/trees.md`). Sampled, because the zoo's small target decoded greedily falls into loops
-("is a file is a file ..."), which any drafter predicts (`docs/zoo.md`, *Figures*). The table
-gives per drafter:
+target with an MTP module, a draft model, a draft model on a tokenizer of its own (draft-model-xtok:
+drafting across vocabularies), Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained by specdec
+on the standard library's source, and a retrieval datastore of that text, rebuilt from its recipe on
+first use. Every machine decodes with the same bytes, so the accepted lengths below are the ones
+`docs/zoo.md` publishes. Every drafter, the training-free ones (ngram, lookahead, suffix, retrieval,
+and self: the target drafting with some of its own layers) and the learned ones, decodes the
+family's evaluation prompts (held-out function signatures, class headers and half-written functions)
+at the family's temperature with a fixed seed per prompt, k draft tokens per step, interleaved
+prompt by prompt with plain decoding of the same target, once drafting chains and once drafting
+token trees (NAME+tree, `docs/trees.md`; the drafters that draft trees). Sampled, because the zoo's
+small target decoded greedily falls into loops ("is a file is a file ..."), which any drafter
+predicts (`docs/zoo.md`, *Figures*). The table gives per drafter:
 
 - mean acc. len: tokens emitted per target forward, the bonus token included, with its 95%
   bootstrap interval over prompts; rank: its place by it, `=` where the paired intervals cannot
@@ -66,7 +67,8 @@ from specdec.zoo.measure import Evaluation, read_evaluation
 
 HEADER = ("drafter", "mean acc. len [95%]", "acc. rank", "from loops", "acceptance", "tokens/s", "speedup [95%]",
           "speed rank", "lossless")
-CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")
+CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "draft-model-xtok", "self", "medusa", "eagle",
+          "eagle3", "mtp")  # zoo labels (`specdec.zoo.options`); those the family has are shown
 DRAFTERS = tuple(label for name in CHAINS for label in (name, f"{name}+tree"))  # NAME+tree: its token-tree mode
 HYBRID_DRAFTERS = ("mtp", "mtp+tree")  # the hybrid family's story: its MTP module, chains and trees
 
@@ -93,22 +95,32 @@ class Row:
         return self.loop_accepted / self.stats.steps if self.stats.steps else 0.0
 
 
-def drafter_options(directory: Path, labels: tuple[str, ...] = DRAFTERS) -> dict[str, dict[str, Any]]:
-    """The zoo's options for each of `labels` it can serve here; NAME+tree adds the drafter's tree options."""
-    options = zoo.drafter_options(directory)
+def drafter_options(directory: Path, labels: tuple[str, ...] = DRAFTERS) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each of `labels` the zoo can serve here: its registered drafter and options
+    (`zoo.zoo_drafters`); NAME+tree adds the drafter's tree options, where it drafts trees."""
+    known = zoo.zoo_drafters(directory)
+    chosen = {}
     for label in labels:
-        name, _, tree = label.partition("+")
-        if tree and name in options:
-            options[label] = {**options[name], **plugins.drafter_class(name).tree_options}
-    return options
+        base, _, tree = label.partition("+")
+        if base not in known:
+            continue
+        name, options = known[base]
+        tree_options = getattr(plugins.drafter_class(name), "tree_options", None)
+        if not tree:
+            chosen[label] = (name, options)
+        elif tree_options:
+            chosen[label] = (name, {**options, **tree_options})
+    return chosen
 
 
 def decode_one(target: specdec.CausalLM, prompt: torch.Tensor, drafter: Any, evaluation: Evaluation, seed: int,
-               compile: bool, greedy: bool = False) -> specdec.Generation:
+               compile: bool, greedy: bool = False, tokenizer: Any = None) -> specdec.Generation:
+    """One prompt decoded; `tokenizer` (the target's) serves a draft model of another tokenizer and
+    the self drafter's search."""
     sampling = specdec.Sampling() if greedy else evaluation.sampling
     return specdec.generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter else 0,
                             max_new_tokens=evaluation.new_tokens, sampling=sampling, seed=seed, compile=compile,
-                            verify_rule=evaluation.verify_rule)
+                            verify_rule=evaluation.verify_rule, tokenizer=tokenizer)
 
 
 def warm_ups(prompts: list[torch.Tensor], drafter: Any, evaluation: Evaluation) -> list[int]:
@@ -124,7 +136,8 @@ def warm_ups(prompts: list[torch.Tensor], drafter: Any, evaluation: Evaluation) 
 
 
 def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list[int], directory: Path,
-            evaluation: Evaluation, args: argparse.Namespace, labels: tuple[str, ...] = DRAFTERS) -> list[Row]:
+            evaluation: Evaluation, args: argparse.Namespace, labels: tuple[str, ...] = DRAFTERS,
+            tokenizer: Any = None) -> list[Row]:
     """Plain decoding and each drafter of `labels` on every prompt, prompt by prompt, `args.repeats`
     rounds (prompt i with seed evaluation.seed + numbers[i]); per-prompt median seconds. Before the rounds,
     every row decodes the first `args.check` prompts greedily to check its tokens against plain
@@ -134,8 +147,10 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list
     counters repeat every round and equal the family's figures. A bar on stderr shows progress."""
     options = drafter_options(directory, labels)
     names: list[str | None] = [None, *(label for label in labels if label in options)]
-    drafters = {name: None if name is None else specdec.make_drafter(name.partition("+")[0], **options[name])
-                for name in names}
+    drafters: dict[str | None, Any] = {None: None}
+    for label in names[1:]:
+        registered, drafter_settings = options[label]  # type: ignore[index]
+        drafters[label] = specdec.make_drafter(registered, **drafter_settings)
     compile = not args.eager
     checked = prompts[: args.check]
     warm = {name: warm_ups(prompts, drafters[name], evaluation) for name in names}
@@ -146,10 +161,11 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list
     for name in names:  # the lossless check, and the warm-up of the sampled runs
         bar.set_description(f"checking{' (compiling)' if compile else ''}: {name or 'plain'}")
         forget(drafters[name])
-        greedy[name] = [decode_one(target, p, drafters[name], evaluation, 0, compile, greedy=True).tokens
+        greedy[name] = [decode_one(target, p, drafters[name], evaluation, 0, compile, True, tokenizer).tokens
                         for p in checked]
         for i in warm[name]:
-            decode_one(target, prompts[i], drafters[name], evaluation, evaluation.seed + numbers[i], compile)
+            decode_one(target, prompts[i], drafters[name], evaluation, evaluation.seed + numbers[i], compile,
+                       tokenizer=tokenizer)
         bar.update(len(checked) + len(warm[name]))
     runs: dict[str | None, list[specdec.Generation]] = {}
     seconds: dict[str | None, list[list[float]]] = {name: [[] for _ in prompts] for name in names}
@@ -160,7 +176,8 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers: list
         for i, prompt in enumerate(prompts):
             bar.set_description(f"round {round_number}/{args.repeats}: prompt {i + 1}/{len(prompts)}")
             for name in names:
-                result = decode_one(target, prompt, drafters[name], evaluation, evaluation.seed + numbers[i], compile)
+                result = decode_one(target, prompt, drafters[name], evaluation, evaluation.seed + numbers[i], compile,
+                                    tokenizer=tokenizer)
                 runs[name].append(result)
                 seconds[name][i].append(result.stats.wall_seconds)
                 bar.update(1)
@@ -222,8 +239,9 @@ def losses(directory: Path, origin: str) -> str:
     """The held-out losses of the family's figures, one line."""
     record = zoo.manifest(directory)
     figures = zoo.read_figures(directory) or {"losses": {}}
-    parts = [f"{name} {figures['losses'][name]['loss']:.2f}" for name in ("target", "draft-model", "medusa", "eagle",
-                                                                           "eagle3", "mtp") if name in figures["losses"]]
+    parts = [f"{name} {figures['losses'][name]['loss']:.2f}" for name in ("target", "draft-model", "draft-model-xtok",
+                                                                           "medusa", "eagle", "eagle3", "mtp")
+             if name in figures["losses"]]
     return f"{record['name']} zoo ({origin}: {directory}); held-out loss (nats/token): {', '.join(parts)}"
 
 
@@ -312,7 +330,7 @@ def show_family(settings: zoo.ZooSettings, args: argparse.Namespace, labels: tup
                   f"{share:.0%} of it in loops):")
             print(f"{evaluation.prompts[0].text}\033[2m{tokenizer.decode(first)}\033[0m" if sys.stdout.isatty()
                   else evaluation.prompts[0].text + tokenizer.decode(first), flush=True)
-        rows = compare(target, ids, numbers, directory, evaluation, args, labels)
+        rows = compare(target, ids, numbers, directory, evaluation, args, labels, tokenizer)
     finally:
         torch.set_num_threads(previous)
     categories = ", ".join(sorted({p.category for p in evaluation.prompts}))

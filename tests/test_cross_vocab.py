@@ -249,3 +249,26 @@ def test_the_same_tokenizer_drafts_on_the_targets_ids(tmp_path: Path) -> None:
     ours = specdec.generate(_target("llama"), _prompt(), drafter=drafter, max_new_tokens=8, tokenizer=target_tokenizer)
     assert drafter._translation is None
     assert ours.tokens == hf_greedy(_target("llama"), _prompt(), 8)
+
+
+def test_auto_takes_tli_when_sampling_slem_when_greedy_and_slem_where_no_token_is_shared() -> None:
+    """translate="auto" is SLEM greedy and TLI sampled; where the vocabularies share no text token
+    (TLI cannot bridge them) it takes SLEM sampled too, while an explicit "tli" says why it cannot."""
+    from specdec.vocab.mapping import NoSharedTokens
+    from tokenizers_for_tests import disjoint_tokenizers
+
+    target_tokenizer, draft_tokenizer = _tokenizers()
+    for sampling, mode in ((Sampling(), "slem"), (Sampling(temperature=0.8), "tli")):
+        drafter = DraftModelDrafter(_draft("llama"), tokenizer=draft_tokenizer)
+        specdec.generate(_target("llama"), _prompt(), drafter=drafter, max_new_tokens=4, sampling=sampling, seed=0,
+                         tokenizer=target_tokenizer)
+        assert drafter._translation is not None and drafter._translation.mode == mode, sampling
+    tree = DraftModelDrafter(_draft("llama"), tokenizer=draft_tokenizer, tree=True)  # trees cross by TLI alone
+    assert tree._translation_between("slem", draft_tokenizer, target_tokenizer, len(target_tokenizer) + 3).mode == "tli"
+    letters, digits = disjoint_tokenizers()
+    draft = tiny_model("llama", vocab_size=len(digits), seed=3, layers=1)
+    assert DraftModelDrafter(draft)._translation_between("tli", digits, letters, len(letters)).mode == "slem"
+    with pytest.raises(NoSharedTokens, match="share no token"):
+        DraftModelDrafter(draft, translate="tli")._translation_between("tli", digits, letters, len(letters))
+    with pytest.raises(ValueError, match="TLI only.*share no token: drop tree=true"):
+        DraftModelDrafter(draft, tree=True)._translation_between("tli", digits, letters, len(letters))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ from specdec.zoo.measure import decode_prompts, load_students, read_evaluation
 from specdec.zoo.publish import stale_blocks
 from specdec.zoo.shipped import RECORD, SHIPPED, ZooIntegrityError, open_shipped
 
-SUFFIX_FREE = ("ngram", "lookahead", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")  # no memory
+SUFFIX_FREE = ("ngram", "lookahead", "retrieval", "self", "draft-model", "draft-model-xtok", "medusa", "eagle", "eagle3",
+               "mtp")  # no memory of earlier outputs
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +35,14 @@ def test_the_full_and_hybrid_families_ship_small_with_a_checksum_for_every_file(
     assert stored < 12e6  # half-precision weights, one tokenizer per family, the datastore as its recipe
     for name in ("full", "hybrid"):
         record = json.loads((SHIPPED / name / RECORD).read_text())
-        assert record["settings"] == json.loads(json.dumps(asdict(zoo.family(name))))  # shipped from these settings
+        assert record["settings"] == zoo.family(name).record()  # shipped from these settings
         assert all(len(entry["stored_sha256"]) == 64 for entry in record["files"].values())
         assert not list((SHIPPED / name).rglob("*.bin"))  # the suffix arrays are rebuilt, not stored
 
 
 def test_the_shipped_family_unpacks_to_what_a_build_writes(full: Path):
     assert full.name.startswith("full-shipped-")
-    for piece in ("tokenizer", "target", "draft-model", "medusa", "eagle", "eagle3", "datastore"):
+    for piece in ("tokenizer", "target", "draft-model", "draft-model-xtok", "medusa", "eagle", "eagle3", "datastore"):
         assert (full / piece).is_dir(), piece
     model = load_causal_lm(full / "target")
     assert next(model.parameters()).dtype == torch.float32
@@ -55,7 +55,8 @@ def test_the_shipped_family_unpacks_to_what_a_build_writes(full: Path):
 def test_the_committed_figures_are_what_the_shipped_bytes_give(full: Path):
     """Held-out losses of every piece, and the first prompt's decoding by every drafter (the
     suffix drafter remembers earlier outputs, so only the first prompt stands alone) and a later
-    one's by the others, equal the committed figures; the docs' blocks render those figures."""
+    one's by the others, each made as its zoo label says and given the target's tokenizer, equal
+    the committed figures; the docs' blocks render those figures."""
     figures = json.loads((SHIPPED / "full" / "figures.json").read_text())
     evaluation = read_evaluation(full)
     model = load_causal_lm(full / "target").eval()
@@ -69,14 +70,15 @@ def test_the_committed_figures_are_what_the_shipped_bytes_give(full: Path):
     ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts]
     later = len(ids) // 2
     target = CausalLM(model)
-    options = zoo.drafter_options(full)
-    for name in zoo.FULL.drafters:
-        chosen = [0] if name not in SUFFIX_FREE else [0, later]
+    rows = zoo.zoo_drafters(full)
+    for label in zoo.FULL.drafters:
+        name, options = rows[label]
+        chosen = [0] if label not in SUFFIX_FREE else [0, later]
         for i in chosen:
             one = type(evaluation)(evaluation.prompts[i:i + 1], evaluation.windows, evaluation.k, evaluation.new_tokens,
                                    evaluation.temperature, evaluation.seed + i)
-            _, runs, _ = decode_prompts(target, ids[i:i + 1], make_drafter(name, **options[name]), one)
-            assert runs[0].row() == figures["drafters"][name]["prompts"][i], (name, i)
+            _, runs, _ = decode_prompts(target, ids[i:i + 1], make_drafter(name, **options), one, tokenizer=tokenizer)
+            assert runs[0].row() == figures["drafters"][label]["prompts"][i], (label, i)
     assert stale_blocks() == []
 
 

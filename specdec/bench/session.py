@@ -79,9 +79,12 @@ class BenchConfig:
 def drafts_trees(name: str, options: dict[str, Any]) -> bool:
     """Whether the drafter drafts token trees with `options`: its class's `drafts_trees(options)`
     when it has one, else whether `options` hold every entry of its `tree_options` class
-    attribute (the options the bench's NAME+tree row adds, e.g. eagle's {"tree": True})."""
+    attribute (the options the bench's NAME+tree row adds, e.g. eagle's {"tree": True}). `name` may
+    be a zoo label (`specdec.zoo.options.registry_name`)."""
+    from specdec.zoo.options import registry_name
+
     try:
-        cls = plugins.drafter_class(name)
+        cls = plugins.drafter_class(registry_name(name))
     except (KeyError, ValueError):
         return False
     decide = getattr(cls, "drafts_trees", None)
@@ -94,7 +97,9 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool,
                    engines: Sequence[str] = ("eager",), rules: Sequence[str] = (DEFAULT_RULE,)) -> list[Contender]:
     """Plain decoding, each drafter at each k (a drafter's own `k` option wins) under each
-    verification rule, then the peers.
+    verification rule, then the peers. A drafter is named by its registered name or by a zoo
+    label (`specdec.zoo.options.registry_name`: draft-model-xtok is the draft-model drafter), and
+    its rows are labelled by that name.
 
     A drafter in tree mode is labelled NAME+tree; rows that would share a label get their
     options appended. With several rules each drafter row comes once per rule, labelled
@@ -103,15 +108,18 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
     the verdicts differ). With both engines every specdec row comes twice, eager then compiled
     (labelled NAME@compiled), each compared with plain decoding on its own engine.
     """
+    from specdec.zoo.options import registry_name
+
     out: list[Contender] = []
     rows: list[tuple[str, str, dict[str, Any], int | str, bool]] = []
     for name, options in drafters:
         own = dict(options)
         values: Sequence[int | str] = [own.pop("k")] if "k" in own else ks
+        registered = registry_name(name)
         tree = drafts_trees(name, own)
         for k in values:
             base = f"{name}+tree" if tree else name
-            rows.append((f"{base}:k={k}" if len(ks) > 1 or k == "auto" else base, name, own, k, tree))
+            rows.append((f"{base}:k={k}" if len(ks) > 1 or k == "auto" else base, registered, own, k, tree))
     labels = [label for label, *_ in rows]
     named: list[tuple[str, str | None, dict[str, Any], int | str, bool]] = []
     for label, drafter, own, k, tree in rows:
@@ -175,14 +183,13 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     peers = config.peers and not hf_missing(config.sampling)
     contenders = contenders_for(config.drafters, config.ks, peers, config.engines, config.verify_rules)
     assistant = None
-    for contender in contenders:
-        if contender.drafter == "draft-model" and peers:
-            from specdec.checkpoints import load_causal_lm
+    # transformers' assisted generation takes the draft-model row's model (of the target's vocabulary)
+    source = next((options.get("model") for name, options in config.drafters if name == "draft-model"), None)
+    if source is not None and peers:
+        from specdec.checkpoints import load_causal_lm
 
-            source = contender.options.get("model")
-            assistant = (load_causal_lm(source).to(device=model.device, dtype=model.dtype)  # type: ignore[call-arg]
-                         if isinstance(source, (str, Path)) else source)
-            break
+        assistant = (load_causal_lm(source).to(device=model.device, dtype=model.dtype)  # type: ignore[call-arg]
+                     if isinstance(source, (str, Path)) else source)
     turns = sum(len(q.turns) for q in questions)
     advance = advance_factory((config.warmup + config.repeats) * turns * len(contenders))
 
@@ -252,22 +259,25 @@ def _code_questions(config: BenchConfig) -> tuple[Question, ...]:
 
 def default_drafters(zoo_dir: Path | None) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
     """Every registered drafter that can serve the target (chain, then tree mode when it has one),
-    and a line for each that cannot."""
-    from specdec.zoo import drafter_options
+    and a line for each that cannot. On a zoo each drafter comes once per zoo row it makes
+    (`specdec.zoo.zoo_drafters`: draft-model, then draft-model-xtok), named by the row's label."""
+    from specdec.zoo import zoo_drafters
 
-    known = drafter_options(zoo_dir) if zoo_dir is not None else {"ngram": {}}
+    known = zoo_drafters(zoo_dir) if zoo_dir is not None else {"ngram": ("ngram", {})}
     chosen, skipped = [], []
     for name in plugins.drafter_names():
-        options = known.get(name)
-        if options is None:
-            try:
-                plugins.make_drafter(name)
-                options = {}
-            except (TypeError, ValueError, OSError) as error:
-                skipped.append(f"{name} (needs options: {one_line(error)})")
-                continue
-        chosen.append((name, options))
-        tree = getattr(plugins.drafter_class(name), "tree_options", None)
-        if tree:  # the drafter's tree mode as a row of its own, beside its chain
-            chosen.append((name, {**options, **tree}))
+        rows: list[tuple[str, dict[str, Any] | None]] = [
+            (label, options) for label, (registered, options) in known.items() if registered == name] or [(name, None)]
+        for label, options in rows:
+            if options is None:
+                try:
+                    plugins.make_drafter(name)
+                    options = {}
+                except (TypeError, ValueError, OSError) as error:
+                    skipped.append(f"{name} (needs options: {one_line(error)})")
+                    continue
+            chosen.append((label, options))
+            tree = getattr(plugins.drafter_class(name), "tree_options", None)
+            if tree:  # the drafter's tree mode as a row of its own, beside its chain
+                chosen.append((label, {**options, **tree}))
     return chosen, skipped

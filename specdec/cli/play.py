@@ -104,6 +104,7 @@ def _playground(args: argparse.Namespace) -> Any:
     from specdec.play.requests import Limits
 
     known: dict[str, dict[str, Any]] = {}
+    registered: dict[str, str] = {}  # zoo label -> its registered drafter
     for spec in args.drafter or []:
         name, options = parse_drafter_spec(spec)
         known[name] = options
@@ -112,7 +113,9 @@ def _playground(args: argparse.Namespace) -> Any:
 
         directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
         target: Path | str = directory / "target"
-        zoo_options = zoo.drafter_options(directory)
+        zoo_drafters = zoo.zoo_drafters(directory)  # label -> (registered drafter, options)
+        zoo_options = {label: options for label, (_, options) in zoo_drafters.items()}
+        registered = {label: name for label, (name, _) in zoo_drafters.items()}
         known = {**zoo_options, **known} if not args.drafter else {n: {**zoo_options.get(n, {}), **o}
                                                                    for n, o in known.items()}
         title = f"the {'quick' if args.quick else 'full'} zoo"
@@ -120,7 +123,8 @@ def _playground(args: argparse.Namespace) -> Any:
         target, title = args.target, str(args.target)
     tokenizer, model = load_target(target, args)
     limits = Limits(queue=args.queue)
-    playground = Playground(tokenizer, model, drafter_choices(known, only_known=bool(args.drafter)), limits, title,
+    playground = Playground(tokenizer, model, drafter_choices(known, only_known=bool(args.drafter),
+                                                              registered=registered), limits, title,
                             _example(), args.verify_rule)
     playground.warm_up()
     return playground

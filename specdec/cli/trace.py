@@ -60,8 +60,9 @@ def _trace(args: argparse.Namespace) -> int:
             directory = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir)
         target = Path(args.target) if args.target else directory / "target"  # type: ignore[operator]
         name, options = parse_drafter_spec(args.drafter)
-        if directory is not None and not options:
-            options = zoo.drafter_options(directory).get(name, {})
+        if directory is not None:  # a zoo label (e.g. draft-model-xtok) makes its registered drafter
+            options = options or zoo.drafter_options(directory).get(name, {})
+            name = zoo.registry_name(name)
         drafter = make_drafter(name, **options)
         tokenizer, model = load_target(target, args)
         text = args.prompt

@@ -1,5 +1,6 @@
-"""`specdec zoo build | info | path | ship | figures`: train a model family here, show the shipped and the built
-families with their figures, and print a piece's checkpoint directory for other commands to use."""
+"""`specdec zoo build | extend | info | path | ship | figures`: train a model family here, add drafters to a built
+or shipped one without training it again, show the shipped and the built families with their figures, and print a
+piece's checkpoint directory for other commands to use."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def _number(value: Any, digits: int) -> str:
 def format_info(record: dict[str, Any], directory: Path, figures: dict[str, Any] | None = None,
                 origin: str = "built here") -> str:
     """A family's manifest and figures as text: where it is, how it was built, and a row per piece."""
+    from specdec.zoo.options import registry_name
+
     corpus = record["corpus"]
     lines = [f"{record['name']} zoo ({record['key']}, {origin}): {directory}",
              f"  built in {record['build_seconds']:.0f} s on {record['threads']} threads; trained on "
@@ -63,6 +66,14 @@ def format_info(record: dict[str, Any], directory: Path, figures: dict[str, Any]
         engine = "compiled" if costs.get("compiled") else "eager"
         lines.append(f"  one target forward T(1) = {t1 * 1e3:.3f} ms ({engine} engine, at build time); draft "
                      f"costs of greedy chains of k = {costs.get('k', 4)}")
+    for extension in record.get("extensions", []):
+        lines.append(f"  extended with {', '.join(extension['added'])} in {extension['seconds']:.0f} s on "
+                     f"{extension['threads']} threads (their draft tax against T(1) = "
+                     f"{extension['target_forward_seconds'] * 1e3:.3f} ms, measured then)")
+    for name, piece in record["pieces"].items():
+        if registry_name(name) != name:  # a row of a registered drafter on another piece
+            vocabulary = f", a vocabulary of {piece['vocab_size']:,}" if "vocab_size" in piece else ""
+            lines.append(f"  {name}: the {registry_name(name)} drafter on {piece['path']}/{vocabulary}")
     losses = (figures or {}).get("losses", {})
     acceptance = (figures or {}).get("drafters", {})
     if figures is not None:
@@ -141,6 +152,33 @@ def _ship(args: argparse.Namespace) -> int:
     return 0
 
 
+def _extend(args: argparse.Namespace) -> int:
+    """Add the drafters this code's settings name to a family built with fewer (`specdec.zoo.extend`)."""
+    from specdec import zoo
+    from specdec.zoo.publish import rewrite_documents
+    from specdec.zoo.shipped import SHIPPED
+
+    settings = _family(args)
+    if args.ship == (args.source is not None):
+        raise CLIError("zoo extend takes one of --from DIR (a family built with fewer drafters) or --ship (the "
+                       "shipped family, shipped again)")
+    if args.ship and settings.name not in zoo.shipped_names():
+        raise CLIError(f"the {settings.name} family does not ship (the shipped ones: "
+                       f"{', '.join(zoo.shipped_names())}); use --from DIR")
+    try:
+        if args.ship:
+            zoo.extend_shipped(settings, root=args.cache_dir, show_progress=not args.no_progress)
+            changed = rewrite_documents()
+            print(SHIPPED / settings.name)
+            if changed:
+                print("rewrote " + ", ".join(changed))
+        else:
+            print(zoo.extend(Path(args.source), settings, root=args.cache_dir, show_progress=not args.no_progress))
+    except (OSError, ValueError, KeyError) as error:
+        raise CLIError(f"zoo extend failed: {one_line(error)}") from None
+    return 0
+
+
 def _figures(args: argparse.Namespace) -> int:
     """`make docs-figures`: measure the shipped families and rewrite the docs' generated blocks."""
     from specdec.zoo.publish import publish, stale_blocks
@@ -176,6 +214,16 @@ def add_zoo_commands(commands: Any) -> None:
                                help="train the family here, from scratch (reused when the cache already holds it)")
     build.add_argument("--no-progress", action="store_true", help="no progress bars")
     build.set_defaults(run=_build)
+    extend = actions.add_parser("extend", parents=[cache, family],
+                                help="add the drafters this code's settings name (draft-model-xtok, self, ...) to a "
+                                     "family built with fewer, training only the new pieces")
+    extend.add_argument("--from", dest="source", metavar="DIR", default=None,
+                        help="the family directory to extend (the result goes into the cache)")
+    extend.add_argument("--ship", action="store_true",
+                        help="(maintainers) extend the shipped family and ship it again, then rewrite the docs' "
+                             "generated figures")
+    extend.add_argument("--no-progress", action="store_true", help="no progress bars")
+    extend.set_defaults(run=_extend)
     info = actions.add_parser("info", parents=[cache],
                               help="the shipped and the built families, their pieces and figures")
     info.set_defaults(run=_info)

@@ -38,43 +38,55 @@ logger = logging.getLogger("specdec.play")
 
 @dataclass(frozen=True)
 class DrafterChoice:
-    """A drafter the page lists: its registry name, the options it is made with (a zoo
-    checkpoint, a command line's --drafter options), those of its tree mode (None: chains only),
-    why it cannot be used when making it failed, and the instance that check made (the
-    playground reuses it for chains; not part of equality or repr)."""
+    """A drafter the page lists: its name there (a registry name, or a zoo label such as
+    draft-model-xtok), the options it is made with (a zoo checkpoint, a command line's --drafter
+    options), those of its tree mode (None: chains only), why it cannot be used when making it
+    failed, the instance that check made (the playground reuses it for chains; not part of
+    equality or repr), and the registered drafter it is (None: `name`)."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
     tree_options: dict[str, Any] | None = None
     reason: str | None = None
     drafter: Drafter | None = field(default=None, compare=False, repr=False)
+    registered: str | None = None
 
     @property
     def available(self) -> bool:
         return self.reason is None
 
+    @property
+    def registry_name(self) -> str:
+        return self.registered or self.name
 
-def drafter_choices(known: dict[str, dict[str, Any]], only_known: bool = False) -> list[DrafterChoice]:
+
+def drafter_choices(known: dict[str, dict[str, Any]], only_known: bool = False,
+                    registered: dict[str, str] | None = None) -> list[DrafterChoice]:
     """Every registered drafter, plugins included, each made once to see that it works: with its
-    options in `known` (the zoo's checkpoints, or --drafter specs), else with none. With
-    `only_known`, the registered drafters outside `known` are left out. A drafter that fails to
-    be made is listed with the reason; it never takes the others down. Each choice keeps the
-    instance made."""
+    options in `known` (the zoo's checkpoints, or --drafter specs), else with none. A name of
+    `known` that is not a registered drafter's is a label `registered` maps to one (the zoo's
+    draft-model-xtok to draft-model: `specdec.zoo.zoo_drafters`). With `only_known`, the
+    registered drafters outside `known` are left out. A drafter that fails to be made is listed
+    with the reason; it never takes the others down. Each choice keeps the instance made."""
     from specdec import plugins
 
+    registered = registered or {}
     choices = []
     names = plugins.drafter_names()
     for name in list(known) + [n for n in names if n not in known and not only_known]:
         options = known.get(name, {})
+        drafter_name = registered.get(name, name)
+        alias = drafter_name if drafter_name != name else None
         tree = None
         try:
-            tree = getattr(plugins.drafter_class(name), "tree_options", None)
-            made = plugins.make_drafter(name, **options)
+            tree = getattr(plugins.drafter_class(drafter_name), "tree_options", None)
+            made = plugins.make_drafter(drafter_name, **options)
         except Exception as error:  # a plugin's failure is shown beside it, not raised
-            choices.append(DrafterChoice(name, options, None, f"{type(error).__name__}: {one_line(error)}"))
+            choices.append(DrafterChoice(name, options, None, f"{type(error).__name__}: {one_line(error)}",
+                                         registered=alias))
             continue
         choices.append(DrafterChoice(name, options, dict(tree) if isinstance(tree, dict) and tree else None,
-                                     drafter=made))
+                                     drafter=made, registered=alias))
     return choices
 
 
@@ -248,7 +260,7 @@ class Playground:
 
         return generate(self.lm, prompt, drafter=drafter, num_draft_tokens=k if drafter is not None else 0,
                         max_new_tokens=budget, sampling=sampling, eos_token_id=self.eos if eos else None,
-                        seed=seed, trace=trace, verify_rule=self.verify_rule)
+                        seed=seed, trace=trace, verify_rule=self.verify_rule, tokenizer=self.tokenizer)
 
     def _drafter(self, name: str, shape: str) -> Drafter | None:
         """The drafter `name` (None for plain decoding) in `shape`: made once per server (a chain's
@@ -271,7 +283,7 @@ class Playground:
         drafter = self._made.get((name, shape))
         if drafter is None:
             options = {**choice.options, **(choice.tree_options or {})} if shape == "tree" else choice.options
-            drafter = self._made[(name, shape)] = make_drafter(name, **options)
+            drafter = self._made[(name, shape)] = make_drafter(choice.registry_name, **options)
         forget(drafter)  # e.g. suffix decoding's trie of earlier outputs
         return drafter
 

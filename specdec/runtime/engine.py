@@ -16,6 +16,7 @@ nothing ran twice), and an error the eager run raises as well is the step's own,
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,18 @@ RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 _FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
 _COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Callable[..., Any]]] = \
     weakref.WeakKeyDictionary()  # owner -> its compiled steps, by (name, dtype, device)
+
+
+def _recompile_limits() -> dict[str, Any]:
+    """`torch.compile`'s per-function recompile limit, where this torch takes one (2.13 on); before
+    it, dynamo's process-wide limit is raised to it instead, so a step's input shapes still fit."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # (before 2.7)
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), RECOMPILE_LIMIT))
+    return {}
 
 
 def compile_seconds() -> float:
@@ -93,13 +106,14 @@ class Step:
         elif enabled:
             import torch._dynamo.config as dynamo_config
 
-            dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
+            if hasattr(dynamo_config, "accumulated_recompile_limit"):  # (2.6 on)
+                dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
             steps = _COMPILED.setdefault(owner, {})
             slot = (name, fn.__module__, fn.__qualname__, None if first is None else first.dtype, device,
                     tuple(_structure(module) for module in uses))
             if slot not in steps:
-                limits: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "isolate_recompiles": True}
-                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device), **limits)
+                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
+                                            **_recompile_limits())
             self._compiled = steps[slot]
 
     @property

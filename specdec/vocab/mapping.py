@@ -38,9 +38,14 @@ import torch
 
 from specdec.vocab.token_bytes import ByteVocab, byte_vocab
 
-__all__ = ["VocabMap", "build_map", "clear_memory_cache", "default_cache_dir", "shareable_bytes", "vocab_map"]
+__all__ = ["NoSharedTokens", "VocabMap", "build_map", "clear_memory_cache", "default_cache_dir", "shareable_bytes",
+           "vocab_map"]
 
 FORMAT = "specdec-vocab-map/1"
+
+
+class NoSharedTokens(ValueError):
+    """Two vocabularies without one shared text token: TLI cannot bridge them (SLEM can)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,7 @@ def _build(draft: ByteVocab, target: ByteVocab, draft_vocab: int, target_vocab: 
     where = {data: i for i, data in enumerate(shareable_bytes(target)) if data is not None}
     pairs = [(i, where[data]) for i, data in enumerate(shareable_bytes(draft)) if data is not None and data in where]
     if not pairs:
-        raise ValueError(f"the draft tokenizer {draft.name} and the target tokenizer {target.name} share no token; "
+        raise NoSharedTokens(f"the draft tokenizer {draft.name} and the target tokenizer {target.name} share no token; "
                          "token-level intersection (TLI) needs shared tokens, while translate='slem' (the draft's "
                          "text re-tokenised by the target) works for any pair")
     pairs.append((draft.eos_id, target.eos_id))

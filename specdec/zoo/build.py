@@ -4,8 +4,9 @@
 2. the target, a causal LM trained with a joint MTP loss: Qwen3's architecture, or Qwen3.5's
    hybrid layout (GatedDeltaNet linear attention and full attention at 3 : 1, one MTP module);
 3. the family's learned drafters (a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, or
-   those of them its settings name), distilled together from the frozen target, and a retrieval
-   datastore (a suffix array) of the training text;
+   those of them its settings name), distilled together from the frozen target; a draft model on
+   a tokenizer of its own, trained on the text (`specdec.zoo.xtok`); and a retrieval datastore (a
+   suffix array) of the training text;
 4. the evaluation (held-out prompts and loss windows, `evaluation/`), every figure measured on it
    from the files just written (`specdec.zoo.measure`: losses, accepted lengths with intervals,
    loop shares, into `figures.json`), and each drafter's draft tax: one draft step's cost against
@@ -21,7 +22,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +50,13 @@ from specdec.training.target import new_target, train_target
 from specdec.training.tokenizer import save_tokenizer, train_tokenizer
 from specdec.versions import software_versions
 from specdec.zoo.costs import draft_costs
-from specdec.zoo.measure import Evaluation, measure, write_evaluation
-from specdec.zoo.options import drafter_options
-from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, ZooSettings
+from specdec.zoo.measure import Evaluation, measure, read_evaluation, write_evaluation
+from specdec.zoo.options import zoo_drafters
+from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, XTOK, ZooSettings
 from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, ships, staging
+from specdec.zoo.xtok import build_xtok
 
-__all__ = ["build", "documents"]
+__all__ = ["build", "documents", "family_costs", "piece_entries"]
 
 def build(settings: ZooSettings = FULL, root: str | Path | None = None, show_progress: bool = True,
           log: Callable[[str], None] | None = None) -> Path:
@@ -91,6 +92,10 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     stages.done("target")
     students = _train_students(work, settings, target, tokenizer, data.train, show_progress)
     stages.done("students")
+    sizes = {student.name: _parameters(student.module) for student in students} | {"mtp": _parameters(mtp_head)}
+    if XTOK in settings.drafters:
+        sizes[XTOK] = build_xtok(work, settings, corpus, show_progress, say)
+        stages.done("draft_model_xtok")
     if "retrieval" in settings.drafters:
         say("datastore: a suffix array of the training text, for the retrieval drafter")
         build_datastore_from_ids(documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
@@ -109,11 +114,12 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     measure(work, settings.drafters, say)  # every figure from the files just written: figures.json
     stages.done("measures")
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
-    costs = _costs(work, tokenizer, evaluation, settings)
+    costs = family_costs(work, settings, settings.drafters)
     stages.done("draft_tax")
-    sizes = {student.name: _parameters(student.module) for student in students} | {"mtp": _parameters(mtp_head)}
-    pieces = _pieces(work, settings, target, sizes, temperatures, costs)
-    record = {"name": settings.name, "key": settings.key(), "settings": asdict(settings),
+    pieces = {"tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
+              "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target")}}
+    pieces |= piece_entries(work, settings, settings.drafters, sizes, temperatures, costs)
+    record = {"name": settings.name, "key": settings.key(), "settings": settings.record(),
               "build_seconds": stages.total(), "stage_seconds": stages.seconds,
               "threads": torch.get_num_threads(),
               "versions": software_versions(), "corpus": {"root": str(corpus.root), "train_files": data.train_files,
@@ -205,20 +211,21 @@ def _save_draft_model(module: PreTrainedModel, tokenizer: Any, directory: Path) 
     tokenizer.save_pretrained(str(directory))
 
 
-def _pieces(work: Path, settings: ZooSettings, target: PreTrainedModel, sizes: dict[str, int],
-            temperatures: dict[str, float], costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The manifest's entry for each piece: where it lies, its size and draft tax (its losses and
-    accepted lengths are in figures.json)."""
-    pieces: dict[str, dict[str, Any]] = {
-        "tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
-        "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target")}}
-    for name in (name for name in LEARNED if name in settings.drafters):
+def piece_entries(work: Path, settings: ZooSettings, labels: tuple[str, ...], sizes: dict[str, int],
+                  temperatures: dict[str, float], costs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's entry for each drafter of `labels` (in the manifest's order: `LEARNED`'s, then
+    `TRAINING_FREE`'s): where its files lie, its size and draft tax (its losses and accepted lengths
+    are in figures.json)."""
+    pieces: dict[str, dict[str, Any]] = {}
+    for name in (name for name in LEARNED if name in labels):
         directory = "target" if name == "mtp" else name
         pieces[name] = {"path": directory, "parameters": sizes[name],
                         "bytes": _bytes(work / directory) if name != "mtp" else None}
+        if name == XTOK:
+            pieces[name]["vocab_size"] = len(load_tokenizer(work / XTOK))
         if name in temperatures:
             pieces[name]["value_temperature"] = temperatures[name]
-    for name in (name for name in TRAINING_FREE if name in settings.drafters):
+    for name in (name for name in TRAINING_FREE if name in labels):
         pieces[name] = {"path": "datastore" if name == "retrieval" else None}
     if "retrieval" in pieces:
         pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
@@ -235,13 +242,15 @@ def documents(stream: torch.Tensor, eos: int) -> list[list[int]]:
     return [ids[a:b] for a, b in zip(starts, [*ends, len(ids)]) if b > a]
 
 
-def _costs(work: Path, tokenizer: Any, evaluation: Evaluation, settings: ZooSettings) -> dict[str, Any]:
-    """Every drafter's draft tax (`specdec.zoo.costs.draft_costs`) on the first two evaluation prompts."""
-    target = CausalLM(load_causal_lm(work / "target"))
+def family_costs(directory: Path, settings: ZooSettings, labels: tuple[str, ...]) -> dict[str, Any]:
+    """The draft tax (`specdec.zoo.costs.draft_costs`) of each zoo label of `labels` on the family's
+    target, on the first two evaluation prompts."""
+    target = CausalLM(load_causal_lm(directory / "target"))
+    tokenizer = load_tokenizer(directory / "tokenizer")
     factories: dict[str, Callable[[], Any]] = {
-        name: functools.partial(make_drafter, name, **options)
-        for name, options in drafter_options(work, settings.drafters).items()}
-    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts[:2]]
+        label: functools.partial(make_drafter, name, **options)
+        for label, (name, options) in zoo_drafters(directory, labels).items()}
+    prompts = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+               for p in read_evaluation(directory).prompts[:2]]
     return draft_costs(target, factories, prompts, k=4, new_tokens=min(64, settings.eval_new_tokens),
-                       rounds=settings.cost_rounds,
-                       compile=settings.cost_compiled)
+                       rounds=settings.cost_rounds, compile=settings.cost_compiled, tokenizer=tokenizer)

@@ -36,23 +36,28 @@ from specdec.runtime.timing import forward_costs
 
 __all__ = ["MODEL_STEPS", "draft_costs", "model_steps"]
 
-# drafter forwards per draft of a chain of k tokens: "k" for token-by-token drafters
-MODEL_STEPS: dict[str, str | int] = {"draft-model": "k", "eagle": "k", "eagle3": "k", "mtp": "k", "medusa": 1}
+# drafter forwards per draft of a chain of k tokens, by zoo label: "k" for token-by-token drafters (the self
+# drafter's forward runs the target's kept layers)
+MODEL_STEPS: dict[str, str | int] = {"draft-model": "k", "draft-model-xtok": "k", "eagle": "k", "eagle3": "k",
+                                     "mtp": "k", "self": "k", "medusa": 1}
 
 
 def model_steps(name: str, k: int) -> int:
-    """The drafter forwards one draft of `name` makes for a chain of k tokens (0: no model)."""
+    """The drafter forwards one draft of `name` (a zoo label) makes for a chain of k tokens (0: no model)."""
     steps = MODEL_STEPS.get(name, 0)
     return k if steps == "k" else int(steps)
 
 
 def draft_costs(target: CausalLM, drafters: dict[str, Callable[[], Any]], prompts: Sequence[torch.Tensor],
-                k: int = 4, new_tokens: int = 64, rounds: int = 3, compile: bool = True) -> dict[str, Any]:
+                k: int = 4, new_tokens: int = 64, rounds: int = 3, compile: bool = True,
+                tokenizer: Any = None) -> dict[str, Any]:
     """Each drafter's draft tax on `target` (see the module docstring), one entry per name.
 
     Every drafter decodes every prompt greedily `rounds` times after a warm-up round (which
     compiles, outside the figures); its per-round drafting seconds per verify step give the
-    median. Returns {"target_forward_seconds": T(1), "k": k, "drafters": {name: figures}}.
+    median. `tokenizer` is the target's, for drafters that need it (another vocabulary's draft
+    model, the self drafter's search). Returns {"target_forward_seconds": T(1), "k": k,
+    "drafters": {name: figures}}.
     """
     if not prompts:
         raise ValueError("draft_costs needs at least one prompt")
@@ -66,7 +71,7 @@ def draft_costs(target: CausalLM, drafters: dict[str, Callable[[], Any]], prompt
             seconds = steps = 0.0
             for prompt in prompts:
                 stats = generate(target, prompt, drafter=drafter, num_draft_tokens=k, max_new_tokens=new_tokens,
-                                 compile=compile).stats
+                                 compile=compile, tokenizer=tokenizer).stats
                 seconds, steps = seconds + stats.draft_seconds, steps + stats.steps
             if round_index:
                 per_round.append(seconds / max(steps, 1))

@@ -6,7 +6,9 @@ family's bytes and nothing else: the shipped zoo gives the same figures on every
 `specdec zoo build` measures a fresh build the same way on its own held-out files.
 
 - **losses**: each piece's held-out cross-entropy (nats per token) and, for a drafter, its top-1
-  agreement with the target, teacher-forced, over the windows;
+  agreement with the target, teacher-forced, over the windows (the draft model of another
+  tokenizer: its loss on each window's text in its own ids, per target token, and no agreement,
+  which needs one vocabulary; `specdec.zoo.xtok`);
 - **accepted lengths**: every drafter decodes every prompt (`Evaluation.k` draft tokens per
   step, `new_tokens` each, greedy or at `temperature` with a per-prompt seed); the mean accepted
   length is tokens emitted over target forwards, with a 95% bootstrap interval over prompts and a
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,13 @@ from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent
 from specdec.training.target import heldout_loss
 from specdec.types import Sampling
-from specdec.zoo.options import drafter_options
+from specdec.zoo.options import ROWS, zoo_drafters
+from specdec.zoo.settings import LEARNED, XTOK
+from specdec.zoo.xtok import xtok_loss
 
-__all__ = ["EVALUATION", "FIGURES", "Evaluation", "PromptRun", "decode_prompts", "load_students", "measure",
-           "read_evaluation", "read_figures", "write_evaluation"]
+__all__ = ["EVALUATION", "FIGURES", "Evaluation", "PromptRun", "acceptance_figures", "decode_prompts", "decode_rows",
+           "load_students", "measure", "ordered", "piece_losses", "read_evaluation", "read_figures", "write_evaluation",
+           "write_figures"]
 
 EVALUATION = "evaluation"  # prompts.json (settings and prompts) + windows.safetensors
 FIGURES = "figures.json"
@@ -152,12 +157,14 @@ class PromptRun:
 
 
 def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: Any, evaluation: Evaluation,
-                   compile: bool = False, on_prompt: Callable[[], None] | None = None
+                   compile: bool = False, on_prompt: Callable[[], None] | None = None, tokenizer: Any = None
                    ) -> tuple[list[list[int]], list[PromptRun], list[float]]:
     """Every prompt decoded with `drafter` (None: plain decoding): the tokens, the counts and the
     seconds of each. A drafter that remembers earlier outputs forgets them first. Verified
     token-wise (`MEASURED_RULE`): the zoo's figures keep the rule every engine shares, so they
-    compare with published ones; `docs/verification.md` gives what the other rules add."""
+    compare with published ones; `docs/verification.md` gives what the other rules add.
+    `tokenizer` is the target's, which a drafter may need (a draft model of another tokenizer,
+    the self drafter's calibration text)."""
     from specdec.protocols import forget
 
     forget(drafter)
@@ -165,7 +172,8 @@ def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: A
     for i, prompt in enumerate(prompts):
         result = generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter is not None else 0,
                           max_new_tokens=evaluation.new_tokens, sampling=evaluation.sampling,
-                          seed=evaluation.seed + i, compile=compile, verify_rule=evaluation.verify_rule)
+                          seed=evaluation.seed + i, compile=compile, verify_rule=evaluation.verify_rule,
+                          tokenizer=tokenizer)
         stats = result.stats
         loops = loop_count(result.tokens, stats.accepted_per_step if drafter is not None else [0] * stats.steps)
         outputs.append(result.tokens)
@@ -197,6 +205,47 @@ def acceptance_figures(runs: dict[str, list[PromptRun]]) -> dict[str, dict[str, 
     return out
 
 
+def ordered(labels: Iterable[str]) -> list[str]:
+    """Zoo labels in the order the figures list them (`specdec.zoo.options.ROWS`)."""
+    chosen = set(labels)
+    return [label for label in ROWS if label in chosen]
+
+
+def piece_losses(directory: Path, model: Any, evaluation: Evaluation, names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """The held-out figures of each piece of `names` ("target" and the learned drafters), in the
+    figures' order (target, then `LEARNED`'s): loss, and a distilled drafter's agreement."""
+    found: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        if "target" in names:
+            found["target"] = {"loss": heldout_loss(model, evaluation.windows)}
+        students = load_students(directory, model, names)
+        if students:
+            found |= evaluate(model, students, evaluation.windows)
+        if XTOK in names:
+            with quiet_transformers():
+                draft = load_causal_lm(directory / XTOK).eval()
+            found[XTOK] = xtok_loss(draft, load_tokenizer(directory / XTOK), load_tokenizer(directory / "tokenizer"),
+                                    evaluation.windows)
+    order = ["target", *LEARNED]
+    return {name: {key: round(value, 4) for key, value in found[name].items()}
+            for name in sorted(found, key=order.index)}
+
+
+def decode_rows(directory: Path, model: Any, evaluation: Evaluation, labels: Sequence[str],
+                say: Callable[[str], None], plain: bool = True) -> tuple[list[PromptRun], dict[str, list[PromptRun]]]:
+    """Plain decoding's runs (none unless `plain`) and each zoo label's of `labels` (those the
+    family can serve here, in the figures' order) on the family's evaluation prompts."""
+    tokenizer = load_tokenizer(directory / "tokenizer")
+    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts]
+    target = CausalLM(model)
+    drafters = zoo_drafters(directory, tuple(labels))
+    say(f"decoding {len(ids)} prompts{' plainly and' if plain else ''} with {', '.join(drafters)}")
+    plain_runs = decode_prompts(target, ids, None, evaluation)[1] if plain else []
+    runs = {label: decode_prompts(target, ids, make_drafter(name, **options), evaluation, tokenizer=tokenizer)[1]
+            for label, (name, options) in drafters.items()}
+    return plain_runs, runs
+
+
 def measure(directory: Path, drafters: Sequence[str], log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every figure of the family at `directory` (see the module docstring), written to figures.json."""
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -205,26 +254,19 @@ def measure(directory: Path, drafters: Sequence[str], log: Callable[[str], None]
         model = load_causal_lm(directory / "target")
     model.eval()
     say(f"held-out losses over {evaluation.windows.shape[0]} windows")
-    with torch.no_grad():
-        losses: dict[str, dict[str, float]] = {"target": {"loss": heldout_loss(model, evaluation.windows)}}
-        students = load_students(directory, model, drafters)
-        losses |= evaluate(model, students, evaluation.windows)
-    tokenizer = load_tokenizer(directory / "tokenizer")
-    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in evaluation.prompts]
-    target = CausalLM(model)
-    options = drafter_options(directory, tuple(drafters))
-    say(f"decoding {len(ids)} prompts plainly and with {', '.join(options)}")
-    _, plain, _ = decode_prompts(target, ids, None, evaluation)
-    runs = {name: decode_prompts(target, ids, make_drafter(name, **option), evaluation)[1]
-            for name, option in options.items()}
+    losses = piece_losses(directory, model, evaluation, ["target", *drafters])
+    plain, runs = decode_rows(directory, model, evaluation, ordered(drafters), say)
     document = {"format": FIGURES_FORMAT, "evaluation": evaluation.settings(),
                 "loops": {"ngram": LOOP_NGRAM, "degenerate_share": DEGENERATE_SHARE},
                 "intervals": {"level": LEVEL, "resamples": RESAMPLES, "unit": "prompt"},
-                "losses": {name: {key: round(value, 4) for key, value in figures.items()}
-                           for name, figures in losses.items()},
+                "losses": losses,
                 "text": {"loop_share": sum(r.loop_tokens for r in plain) / max(1, sum(r.new_tokens for r in plain)),
                          "degenerate": sum(r.degenerate for r in plain),
                          "prompts": len(plain)},
                 "drafters": acceptance_figures(runs)}
-    (directory / FIGURES).write_text(json.dumps(document, indent=1) + "\n")
+    write_figures(directory, document)
     return document
+
+
+def write_figures(directory: Path, document: dict[str, Any]) -> None:
+    (directory / FIGURES).write_text(json.dumps(document, indent=1) + "\n")

@@ -31,13 +31,14 @@ from specdec.zoo.settings import family
 from specdec.zoo.shipped import SHIPPED, open_shipped, shipped_names
 from specdec.zoo.store import manifest
 
-__all__ = ["DOCUMENTS", "blocks", "publish", "render", "stale_blocks"]
+__all__ = ["DOCUMENTS", "blocks", "publish", "render", "rewrite_documents", "stale_blocks"]
 
 ROOT = Path(__file__).resolve().parents[2]  # the source tree: README.md and docs/ beside specdec/
 DOCUMENTS = ("README.md", "docs/zoo.md")
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
-LEARNED_ORDER = ("target", "draft-model", "medusa", "eagle", "eagle3", "mtp")
-DRAFTER_ORDER = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp")
+LEARNED_ORDER = ("target", "draft-model", "draft-model-xtok", "medusa", "eagle", "eagle3", "mtp")
+DRAFTER_ORDER = ("ngram", "lookahead", "suffix", "retrieval", "self", "draft-model", "draft-model-xtok", "medusa",
+                 "eagle", "eagle3", "mtp")
 
 
 def _interval(value: dict[str, float]) -> str:
@@ -146,6 +147,12 @@ def publish(root: Path = ROOT, source: Path = SHIPPED, say: Callable[[str], None
         say(f"measuring the shipped {name} zoo")
         measure(directory, settings.drafters, say)
         shutil.copyfile(directory / FIGURES, source / name / FIGURES)
+    return rewrite_documents(root, source)
+
+
+def rewrite_documents(root: Path = ROOT, source: Path = SHIPPED) -> list[str]:
+    """Rewrite the documents' generated blocks from every shipped family's committed figures; the
+    documents changed."""
     rendered = blocks(*_committed(source))
     changed = []
     for document in DOCUMENTS:

@@ -6,26 +6,31 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from specdec.training.draft_model import DraftSize
 from specdec.training.optim import Steps
 from specdec.training.target import TargetSize
 
-__all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "LEARNED", "QUICK", "TRAINING_FREE", "ZOO_FORMAT", "ZooSettings",
-           "family"]
+__all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "LATER_FIELDS", "LEARNED", "QUICK", "TRAINING_FREE", "XTOK", "ZOO_FORMAT",
+           "ZooSettings", "family", "settings_from_record"]
 
 ZOO_FORMAT = 10  # bump when the build changes what the same settings produce (10: evaluation and figures files)
-LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")  # trained by the build (mtp with the target)
-TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
+XTOK = "draft-model-xtok"  # the draft model on a tokenizer of its own (`specdec.zoo.xtok`)
+LEARNED = ("draft-model", XTOK, "medusa", "eagle", "eagle3", "mtp")  # trained by the build (mtp with the target)
+TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval", "self")
+# Fields added after families had shipped, without a ZOO_FORMAT bump (they change nothing else a build
+# writes): at these values they are left out of a family's record, so families without them keep their keys.
+LATER_FIELDS = {"xtok_vocab_size": None, "xtok_steps": None}
 
 
 @dataclass(frozen=True)
 class ZooSettings:
     """One family: tokenizer, target (+ MTP), and the learned drafters `drafters` names among a draft
-    model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, and (for retrieval) a datastore of the
-    training text. The build measures each drafter's draft tax (`specdec.zoo.costs`): one draft
-    step's cost against one target forward."""
+    model, a draft model on a tokenizer of its own (`draft-model-xtok`), Medusa heads, an EAGLE-1
+    and an EAGLE-3 head, and (for retrieval) a datastore of the training text. The build measures
+    each drafter's draft tax (`specdec.zoo.costs`): one draft step's cost against one target forward."""
 
     name: str
     vocab_size: int
@@ -50,18 +55,40 @@ class ZooSettings:
     cost_compiled: bool  # measure it on the compiled engine (the quick family's 60 s budget cannot compile)
     seed: int = 0
     drafters: tuple[str, ...] = LEARNED + TRAINING_FREE  # the family's drafters: those that serve its target
+    # draft-model-xtok's own tokenizer: a metaspace BPE with byte fallback (sentencepiece style) of this many
+    # entries, another size than the target's byte-level `vocab_size`; None: the family has no such piece
+    xtok_vocab_size: int | None = None
+    # draft-model-xtok's training steps (the students' batch, windows and learning rate); None: the students' steps
+    xtok_steps: int | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.drafters) - set(LEARNED + TRAINING_FREE))
         if unknown or "mtp" not in self.drafters:
             raise ValueError(f"zoo family {self.name!r}: drafters must come from {LEARNED + TRAINING_FREE} and "
                              f"include mtp (trained with the target), got {self.drafters}")
+        if (XTOK in self.drafters) != (self.xtok_vocab_size is not None):
+            raise ValueError(f"zoo family {self.name!r}: xtok_vocab_size is set exactly when the drafters include "
+                             f"{XTOK}, got {self.xtok_vocab_size!r} with drafters {self.drafters}")
+        if self.xtok_steps is not None and (XTOK not in self.drafters or isinstance(self.xtok_steps, bool)
+                                            or not isinstance(self.xtok_steps, int) or self.xtok_steps < 1):
+            raise ValueError(f"zoo family {self.name!r}: xtok_steps must be a positive int, and only with "
+                             f"{XTOK} among the drafters, got {self.xtok_steps!r}")
+        if self.xtok_vocab_size is not None and self.xtok_vocab_size == self.vocab_size:
+            raise ValueError(f"zoo family {self.name!r}: xtok_vocab_size must differ from vocab_size "
+                             f"({self.vocab_size}), so that {XTOK} drafts across vocabularies")
+
+    def record(self) -> dict[str, Any]:
+        """The settings as the manifest and the shipped record hold them (JSON types), without the
+        `LATER_FIELDS` at their absent values."""
+        every = json.loads(json.dumps(asdict(self)))
+        return {name: value for name, value in every.items()
+                if not (name in LATER_FIELDS and value == LATER_FIELDS[name])}
 
     def key(self) -> str:
-        """12 hex digits of SHA-256 over the settings, the build format and the Python version (whose
-        standard library is the corpus)."""
+        """12 hex digits of SHA-256 over the settings (`record`), the build format and the Python
+        version (whose standard library is the corpus)."""
         python = "%d.%d" % sys.version_info[:2]
-        blob = json.dumps({"format": ZOO_FORMAT, "python": python, **asdict(self)}, sort_keys=True)
+        blob = json.dumps({"format": ZOO_FORMAT, "python": python, **self.record()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -78,7 +105,10 @@ FULL = ZooSettings(
     student_steps=Steps(steps=450, batch=4, seq_len=352, lr=1e-2, seed=2),
     eagle3_layers=(2, 16, 29), eagle3_vocab=2048, eagle3_lr=1.5e-2,
     eval_windows=24, eval_prompts=20, eval_new_tokens=128, eval_temperature=0.5,
-    cost_rounds=3, cost_compiled=True)
+    cost_rounds=3, cost_compiled=True,
+    # draft-model-xtok: 1.5 times the target's 2048 entries (it shares 91% of the held-out target tokens; 1536: 82%),
+    # trained 2500 steps, to about the distilled draft model's held-out loss (450 steps left it far above)
+    xtok_vocab_size=3072, xtok_steps=2500)
 
 QUICK = ZooSettings(
     name="quick", vocab_size=512, tokenizer_chars=300_000, train_chars=1_000_000, heldout_chars=100_000,
@@ -89,7 +119,10 @@ QUICK = ZooSettings(
     student_steps=Steps(steps=40, batch=8, seq_len=128, lr=3e-3, seed=2),
     eagle3_layers=(0, 1, 2), eagle3_vocab=384, eagle3_lr=3e-3,
     eval_windows=8, eval_prompts=1, eval_new_tokens=24, eval_temperature=0.5,
-    cost_rounds=1, cost_compiled=False)
+    cost_rounds=1, cost_compiled=False,
+    # every drafter but draft-model-xtok (its build minute) and self (which refuses the batches the tests
+    # decode every zoo drafter in)
+    drafters=("draft-model", "medusa", "eagle", "eagle3", "mtp", "ngram", "lookahead", "suffix", "retrieval"))
 
 # The Qwen3.5 case: a hybrid target in Qwen3.5's layout (three GatedDeltaNet linear-attention layers
 # to one full-attention layer) with one MTP module, and the drafters that serve such a target
@@ -101,7 +134,7 @@ HYBRID = replace(  # the full family's data and students, a shallower hybrid tar
     target=TargetSize(hidden=64, layers=12, heads=2, kv_heads=1, intermediate=192, architecture="qwen3_5"),
     target_steps=replace(FULL.target_steps, steps=500), student_steps=replace(FULL.student_steps, steps=150),
     eagle3_layers=(2, 6, 10), cost_compiled=False,  # eager draft tax: the build stays near 6 min
-    drafters=HYBRID_DRAFTERS)
+    drafters=HYBRID_DRAFTERS, xtok_vocab_size=None, xtok_steps=None)
 
 HYBRID_QUICK = ZooSettings(
     name="hybrid-quick", vocab_size=384, tokenizer_chars=200_000, train_chars=400_000, heldout_chars=50_000,
@@ -116,6 +149,18 @@ HYBRID_QUICK = ZooSettings(
     cost_rounds=1, cost_compiled=False, drafters=HYBRID_DRAFTERS)
 
 _FAMILIES = {"full": FULL, "quick": QUICK, "hybrid": HYBRID, "hybrid-quick": HYBRID_QUICK}
+
+
+def settings_from_record(record: dict[str, Any]) -> ZooSettings:
+    """The settings a manifest's (or a shipped record's) "settings" hold, back as ZooSettings."""
+    nested = {"target": TargetSize, "target_steps": Steps, "draft": DraftSize, "student_steps": Steps}
+    known = {field.name for field in fields(ZooSettings)}
+    unknown = sorted(set(record) - known)
+    if unknown:
+        raise ValueError(f"zoo settings record has fields this code does not know: {', '.join(unknown)}")
+    values = {name: nested[name](**value) if name in nested else value for name, value in record.items()}
+    values |= {name: tuple(values[name]) for name in ("eagle3_layers", "drafters") if name in values}
+    return ZooSettings(**values)
 
 
 def family(name: str) -> ZooSettings:

@@ -29,7 +29,6 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,8 @@ def ship(built: Path, out: Path, say: Callable[[str], None] | None = None) -> di
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        record = _store(built, work, manifest)
+        before = json.loads((out / RECORD).read_text())["files"] if (out / RECORD).is_file() else {}
+        record = _store(built, work, manifest, tuple(before))
         if "datastore" in record:  # the recipe must rebuild what was built
             check = work / ".check"
             shutil.copytree(built / "tokenizer", check / "tokenizer")
@@ -98,14 +98,19 @@ def ship(built: Path, out: Path, say: Callable[[str], None] | None = None) -> di
     return record
 
 
-def _store(built: Path, out: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def _store(built: Path, out: Path, manifest: dict[str, Any], shipped_before: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every file of `built` into `out` (weights halved, duplicates once, the suffix arrays left
-    to the recipe); the record, each file's digest taken as it will unpack."""
+    to the recipe); the record, each file's digest taken as it will unpack. The files of
+    `shipped_before` (the family's earlier shipping) come first, so a duplicate keeps the stored
+    copy it had."""
     files: dict[str, dict[str, Any]] = {}
     stored_by_digest: dict[str, str] = {}
     datastore = built / "datastore"
-    for path in sorted(p for p in built.rglob("*") if p.is_file()):
-        name = path.relative_to(built).as_posix()
+    earlier = set(shipped_before)
+    names = sorted((p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()),
+                   key=lambda name: (name not in earlier, name))
+    for name in names:
+        path = built / name
         if path.parent == datastore and path.name in DATASTORE_BINS:
             continue  # rebuilt from the recipe
         if name == FIGURES:
@@ -223,7 +228,7 @@ def open_shipped(settings: ZooSettings, root: str | Path | None = None, source: 
         raise ZooIntegrityError(f"the shipped {settings.name} zoo is in shipping format {record.get('format')}, this "
                                 f"code reads {SHIP_FORMAT}: restore specdec/zoo/shipped-families from the "
                                 "code's revision")
-    if record["settings"] != json.loads(json.dumps(asdict(settings))) or record["zoo_format"] != ZOO_FORMAT:
+    if record["settings"] != settings.record() or record["zoo_format"] != ZOO_FORMAT:
         raise ZooIntegrityError(
             f"the shipped {settings.name} zoo was built with other settings (ZOO_FORMAT {record['zoo_format']}, "
             f"this code's {ZOO_FORMAT}): ship it again from a build of these settings (`specdec zoo build"
