@@ -22,7 +22,9 @@ family's stored evaluation, and merges them into its files; every file it had st
    new settings'. The result is written as the new settings' family in the cache.
 
 `extend_shipped` does it to a shipped family: unpacked with `open_shipped` under its recorded
-settings, extended, and shipped again with `ship` (the files it shipped keep their stored bytes).
+settings, extended, and shipped again with `ship` (the files it shipped keep their stored bytes);
+then the new rows are measured again on the shipped bytes (`measure_shipped_rows`), since a new
+piece was measured as trained and ships in half precision.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from specdec.zoo.shipped import RECORD, SHIPPED, open_shipped, ship
 from specdec.zoo.store import MANIFEST, family_dir, manifest, staging_into
 from specdec.zoo.xtok import build_xtok
 
-__all__ = ["EXTENDABLE", "added_drafters", "extend", "extend_shipped"]
+__all__ = ["EXTENDABLE", "added_drafters", "extend", "extend_shipped", "measure_rows", "measure_shipped_rows"]
 
 EXTENDABLE = (XTOK, "ngram", "lookahead", "suffix", "self")
 PIECE_FIELDS = {XTOK: ("xtok_vocab_size", "xtok_steps")}  # settings only a piece uses, which may change as it is added
@@ -114,18 +116,7 @@ def _extend_into(work: Path, settings: ZooSettings, record: dict[str, Any], adde
         sizes[XTOK] = build_xtok(work, settings, _family_corpus(record), show_progress, say)
         stages["draft_model_xtok"] = round(time.perf_counter() - began, 1)
     mark = time.perf_counter()
-    evaluation = read_evaluation(work)
-    with quiet_transformers():
-        model = load_causal_lm(work / "target").eval()
-    figures = read_figures(work) or {}
-    losses = figures["losses"] | piece_losses(work, model, evaluation, [n for n in added if n in LEARNED])
-    _, new_runs = decode_rows(work, model, evaluation, added, say, plain=False)
-    runs = {label: [PromptRun(*row) for row in entry["prompts"]] for label, entry in figures["drafters"].items()}
-    runs |= new_runs
-    drafters = acceptance_figures({label: runs[label] for label in ordered(runs)})
-    _say_ranks(figures["drafters"], drafters, say)
-    write_figures(work, {**figures, "losses": {name: losses[name] for name in ["target", *LEARNED] if name in losses},
-                         "drafters": drafters})
+    measure_rows(work, added, say)
     stages["measures"] = round(time.perf_counter() - mark, 1)
     mark = time.perf_counter()
     costs = family_costs(work, settings, added)
@@ -142,6 +133,29 @@ def _extend_into(work: Path, settings: ZooSettings, record: dict[str, Any], adde
               "extensions": [*record.get("extensions", []), extension]}
     (work / MANIFEST).write_text(json.dumps(merged, indent=2) + "\n")
     say(f"extended in {extension['seconds']:.0f} s")
+
+
+def measure_rows(directory: Path, labels: tuple[str, ...], say: Callable[[str], None]) -> dict[str, Any]:
+    """Measure the rows of `labels` on the family at `directory` as `measure` would (their held-out
+    losses and every evaluation prompt decoded) and merge them into its figures.json, replacing any
+    earlier figures of theirs; every other row keeps its figures (checked) and takes its rank again
+    among all rows. The document written."""
+    evaluation = read_evaluation(directory)
+    with quiet_transformers():
+        model = load_causal_lm(directory / "target").eval()
+    figures = read_figures(directory)
+    if figures is None:
+        raise FileNotFoundError(f"{directory} holds no {FIGURES}: measure it first (`specdec.zoo.measure`)")
+    losses = figures["losses"] | piece_losses(directory, model, evaluation, [n for n in labels if n in LEARNED])
+    _, new_runs = decode_rows(directory, model, evaluation, labels, say, plain=False)
+    runs = {label: [PromptRun(*row) for row in entry["prompts"]] for label, entry in figures["drafters"].items()}
+    runs |= new_runs
+    drafters = acceptance_figures({label: runs[label] for label in ordered(runs)})
+    _say_ranks({label: entry for label, entry in figures["drafters"].items() if label not in labels}, drafters, say)
+    document = {**figures, "losses": {name: losses[name] for name in ["target", *LEARNED] if name in losses},
+                "drafters": drafters}
+    write_figures(directory, document)
+    return document
 
 
 def _family_corpus(record: dict[str, Any]) -> Any:
@@ -194,4 +208,20 @@ def extend_shipped(settings: ZooSettings, source: Path = SHIPPED, root: str | Pa
     if changed:
         raise RuntimeError(f"shipping the extended {settings.name} family changed files it shipped: "
                            f"{', '.join(changed)}; restore them (git checkout -- {folder}) and report it")
+    added = tuple(name for name in settings.drafters if name not in before["settings"]["drafters"])
+    measure_shipped_rows(settings, added, source, root, say)
     return after
+
+
+def measure_shipped_rows(settings: ZooSettings, labels: tuple[str, ...], source: Path = SHIPPED,
+                         root: str | Path | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The rows of `labels` measured again on the shipped family's bytes (`measure_rows` on it, as
+    `open_shipped` unpacks it) and its committed figures.json rewritten: the extension measured
+    them on the weights as trained, and a family's figures are those of the weights as shipped
+    (half precision, `specdec.zoo.shipped`), as `make docs-figures` measures a build."""
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    directory = open_shipped(settings, root, source, say=say)
+    say(f"measuring {', '.join(labels)} on the shipped {settings.name} zoo's bytes")
+    document = measure_rows(directory, labels, say)
+    shutil.copyfile(directory / FIGURES, source / settings.name / FIGURES)
+    return document
