@@ -108,7 +108,8 @@ class DraftModelDrafter:
     vocabularies (`specdec.drafters.translation`): `translate="tli"` restricts its distribution
     to the shared ids (chains and trees, sampled or argmax), `"slem"` re-tokenises its argmax
     chain's text with the target's tokenizer (chains), `"auto"` (the default) takes TLI when
-    sampling and SLEM when greedy (and SLEM where the vocabularies share no text token). It needs both tokenizers: the target's from
+    sampling or drafting trees and SLEM for greedy chains (and SLEM where the vocabularies share
+    no text token). It needs both tokenizers: the target's from
     `specdec.generate(tokenizer=)` (the CLI and the bench pass it), the draft model's as
     `tokenizer=` (an object, a directory or a hub id), else the one saved beside a model loaded
     from a directory. Neither model nor tokenizer is modified. With the same tokenizer (or
@@ -193,7 +194,7 @@ class DraftModelDrafter:
                     f"the target {ctx.vocab_size}; a draft model with another tokenizer needs both tokenizers, and "
                     f"{missing} is missing")
             return None
-        mode = resolve_translate(self.translate, ctx.sampling)
+        mode = resolve_translate(self.translate, ctx.sampling, self.tree is not None)
         key = (id(target_tokenizer), mode, str(self.lm.device))
         if key not in self._bridges:
             if same_vocabulary(draft_tokenizer, target_tokenizer, self.lm.vocab_size, ctx.vocab_size):
@@ -206,10 +207,8 @@ class DraftModelDrafter:
 
     def _translation_between(self, mode: str, draft_tokenizer: Any, target_tokenizer: Any,
                              target_vocab: int) -> Translation:
-        """The bridge for `mode` (`resolve_translate`'s); under "auto" TLI for trees (SLEM drafts
-        chains), and SLEM where TLI's vocabularies share no text token."""
-        if mode == "slem" and self.translate == "auto" and self.tree is not None:
-            mode = "tli"
+        """The bridge for `mode` (`resolve_translate`'s); under "auto" SLEM where TLI's vocabularies
+        share no text token."""
         try:
             if mode == "tli":
                 return Translation.between("tli", draft_tokenizer, target_tokenizer, self.lm.vocab_size, target_vocab,

@@ -49,18 +49,18 @@ TRANSLATIONS = ("auto", "tli", "slem")
 TAIL = 8  # committed target ids SLEM re-tokenises its draft after (`retokenize_draft`)
 
 
-def resolve_translate(option: str, sampling: Sampling) -> str:
-    """The translation a generation uses: `option` unless "auto", which is TLI when sampling and
-    SLEM when greedy. Measured on the zoo (`docs/drafters.md`): with a draft model that guesses the
+def resolve_translate(option: str, sampling: Sampling, tree: bool = False) -> str:
+    """The translation a generation uses: `option` unless "auto", which is TLI for trees (SLEM
+    drafts chains) and when sampling, and SLEM for greedy chains. Measured on the zoo (`docs/drafters.md`): with a draft model that guesses the
     target's text well, SLEM's argmax chain re-tokenised at the target's own token boundaries is
     accepted more at temperature 0, and TLI's sampled draft over the shared tokens more when
-    sampling. Under "auto" the drafter takes TLI for trees, greedy too (SLEM drafts chains), and
-    SLEM when the vocabularies share no text token (`specdec.vocab.mapping.NoSharedTokens`)."""
+    sampling. Under "auto" the drafter falls back to SLEM when the vocabularies share no text token
+    (`specdec.vocab.mapping.NoSharedTokens`)."""
     if option not in TRANSLATIONS:
         raise ValueError(f"draft-model: translate must be one of {', '.join(TRANSLATIONS)}, got {option!r}")
     if option != "auto":
         return option
-    return "slem" if sampling.greedy else "tli"
+    return "slem" if sampling.greedy and not tree else "tli"
 
 
 def common_prefix(held: Sequence[int], ids: Sequence[int]) -> int:

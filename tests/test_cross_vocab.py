@@ -254,6 +254,7 @@ def test_the_same_tokenizer_drafts_on_the_targets_ids(tmp_path: Path) -> None:
 def test_auto_takes_tli_when_sampling_slem_when_greedy_and_slem_where_no_token_is_shared() -> None:
     """translate="auto" is SLEM greedy and TLI sampled; where the vocabularies share no text token
     (TLI cannot bridge them) it takes SLEM sampled too, while an explicit "tli" says why it cannot."""
+    from specdec.drafters.translation import resolve_translate
     from specdec.vocab.mapping import NoSharedTokens
     from tokenizers_for_tests import disjoint_tokenizers
 
@@ -263,8 +264,7 @@ def test_auto_takes_tli_when_sampling_slem_when_greedy_and_slem_where_no_token_i
         specdec.generate(_target("llama"), _prompt(), drafter=drafter, max_new_tokens=4, sampling=sampling, seed=0,
                          tokenizer=target_tokenizer)
         assert drafter._translation is not None and drafter._translation.mode == mode, sampling
-    tree = DraftModelDrafter(_draft("llama"), tokenizer=draft_tokenizer, tree=True)  # trees cross by TLI alone
-    assert tree._translation_between("slem", draft_tokenizer, target_tokenizer, len(target_tokenizer) + 3).mode == "tli"
+    assert resolve_translate("auto", Sampling(), tree=True) == "tli"  # trees cross by TLI alone
     letters, digits = disjoint_tokenizers()
     draft = tiny_model("llama", vocab_size=len(digits), seed=3, layers=1)
     assert DraftModelDrafter(draft)._translation_between("tli", digits, letters, len(letters)).mode == "slem"

@@ -16,7 +16,8 @@ import torch
 
 from specdec.data.corpus import Corpus, read_text
 
-__all__ = ["TokenData", "WindowSampler", "budgeted_texts", "encode_corpus", "encode_texts", "evaluation_windows"]
+__all__ = ["TokenData", "WindowSampler", "budgeted_texts", "encode_corpus", "encode_texts", "evaluation_windows",
+           "training_texts"]
 
 SINGLE_FILE_HELDOUT = 0.05  # a one-file corpus holds out its last 5% of tokens
 
@@ -64,6 +65,17 @@ def budgeted_texts(texts: list[tuple[str, str]], max_chars: int | None) -> list[
     return taken
 
 
+def _named_texts(corpus: Corpus, paths: Sequence[Any]) -> list[tuple[str, str]]:
+    """(name, text) of each UTF-8 file of `paths` (the others skipped)."""
+    return [(corpus.relative(p), t) for p in paths if (t := read_text(p)) is not None]
+
+
+def training_texts(corpus: Corpus, max_chars: int | None) -> list[str]:
+    """The corpus's UTF-8 training files in `budgeted_texts`' order, up to `max_chars` characters
+    (a tokenizer's training text)."""
+    return budgeted_texts(_named_texts(corpus, corpus.train), max_chars)
+
+
 def encode_corpus(tokenizer: Any, corpus: Corpus, separator: int | None, max_train_chars: int | None = None,
                   max_heldout_chars: int | None = None) -> TokenData:
     """Encode the corpus's files (skipping non-UTF-8 ones), each side capped at a character budget,
@@ -71,8 +83,7 @@ def encode_corpus(tokenizer: Any, corpus: Corpus, separator: int | None, max_tra
 
     A corpus with no held-out file (a single data file) holds out the last 5% of its tokens.
     """
-    train = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
-    heldout = [(corpus.relative(p), t) for p in corpus.heldout if (t := read_text(p)) is not None]
+    train, heldout = _named_texts(corpus, corpus.train), _named_texts(corpus, corpus.heldout)
     if not train:
         raise ValueError(f"no UTF-8 training text among the {len(corpus.train)} training files under {corpus.root}")
     train_ids = _stream(tokenizer, budgeted_texts(train, max_train_chars), separator)

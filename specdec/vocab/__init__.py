@@ -11,5 +11,5 @@ from specdec.vocab.mapping import VocabMap, build_map, vocab_map
 from specdec.vocab.retokenize import Retokenizer, encode_bytes, retokenize_draft
 from specdec.vocab.token_bytes import ByteVocab, byte_vocab, special_ids, token_bytes
 
-__all__ = ["ByteVocab", "IdCarrier", "Retokenizer", "VocabMap", "build_map", "byte_vocab", "encode_bytes", "retokenize_draft",
-           "special_ids", "token_bytes", "vocab_map"]
+__all__ = ["ByteVocab", "IdCarrier", "Retokenizer", "VocabMap", "build_map", "byte_vocab", "encode_bytes",
+           "retokenize_draft", "special_ids", "token_bytes", "vocab_map"]

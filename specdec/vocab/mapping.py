@@ -177,9 +177,9 @@ def _build(draft: ByteVocab, target: ByteVocab, draft_vocab: int, target_vocab: 
     where = {data: i for i, data in enumerate(shareable_bytes(target)) if data is not None}
     pairs = [(i, where[data]) for i, data in enumerate(shareable_bytes(draft)) if data is not None and data in where]
     if not pairs:
-        raise NoSharedTokens(f"the draft tokenizer {draft.name} and the target tokenizer {target.name} share no token; "
-                         "token-level intersection (TLI) needs shared tokens, while translate='slem' (the draft's "
-                         "text re-tokenised by the target) works for any pair")
+        raise NoSharedTokens(f"the draft tokenizer {draft.name} and the target tokenizer {target.name} share no "
+                             "token; token-level intersection (TLI) needs shared tokens, while translate='slem' (the "
+                             "draft's text re-tokenised by the target) works for any pair")
     pairs.append((draft.eos_id, target.eos_id))
     return from_pairs([d for d, _ in pairs], [t for _, t in pairs], draft_vocab, target_vocab).check()
 

@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
-from specdec.data.corpus import Corpus, read_text, stdlib_corpus
+from specdec.data.corpus import Corpus, stdlib_corpus
 from specdec.data.datastore_build import build_datastore_from_ids
 from specdec.data.prompts import code_prompts
 from specdec.drafters.eagle import save_eagle
@@ -39,7 +39,7 @@ from specdec.drafters.medusa import save_medusa
 from specdec.plugins import make_drafter
 from specdec.runtime.target import CausalLM
 from specdec.training.calibration import value_temperatures
-from specdec.training.data import budgeted_texts, encode_corpus, evaluation_windows
+from specdec.training.data import encode_corpus, evaluation_windows, training_texts
 from specdec.training.distill import distill
 from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
@@ -116,7 +116,8 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     say("measuring each drafter's draft tax" + (" on the compiled engine" if settings.cost_compiled else ""))
     costs = family_costs(work, settings, settings.drafters)
     stages.done("draft_tax")
-    pieces = {"tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size, "bytes": _bytes(work / "tokenizer")},
+    pieces = {"tokenizer": {"path": "tokenizer", "vocab_size": settings.vocab_size,
+                            "bytes": _bytes(work / "tokenizer")},
               "target": {"path": "target", "parameters": _parameters(target), "bytes": _bytes(work / "target")}}
     pieces |= piece_entries(work, settings, settings.drafters, sizes, temperatures, costs)
     record = {"name": settings.name, "key": settings.key(), "settings": settings.record(),
@@ -155,9 +156,8 @@ def _tokenizer_and_data(work: Path, settings: ZooSettings, corpus: Corpus, say: 
                         ) -> tuple[Any, Any]:
     """The byte-level BPE tokenizer trained on the corpus (saved to work/tokenizer, then loaded), and
     the corpus encoded with it (training and held-out token streams)."""
-    texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
     say(f"tokenizer: byte-level BPE, {settings.vocab_size} entries")
-    save_tokenizer(train_tokenizer(budgeted_texts(texts, settings.tokenizer_chars), settings.vocab_size),
+    save_tokenizer(train_tokenizer(training_texts(corpus, settings.tokenizer_chars), settings.vocab_size),
                    work / "tokenizer", settings.target.max_positions)
     tokenizer = load_tokenizer(work / "tokenizer")
     data = encode_corpus(tokenizer, corpus, int(tokenizer.eos_token_id), settings.train_chars, settings.heldout_chars)

@@ -211,7 +211,8 @@ def ordered(labels: Iterable[str]) -> list[str]:
     return [label for label in ROWS if label in chosen]
 
 
-def piece_losses(directory: Path, model: Any, evaluation: Evaluation, names: Sequence[str]) -> dict[str, dict[str, float]]:
+def piece_losses(directory: Path, model: Any, evaluation: Evaluation,
+                 names: Sequence[str]) -> dict[str, dict[str, float]]:
     """The held-out figures of each piece of `names` ("target" and the learned drafters), in the
     figures' order (target, then `LEARNED`'s): loss, and a distilled drafter's agreement."""
     found: dict[str, dict[str, float]] = {}

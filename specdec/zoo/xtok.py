@@ -8,7 +8,8 @@ Its model is a Qwen3 causal LM of the family's `draft` shape on that vocabulary,
 scratch as a language model on the training text in its own ids (`specdec.training.language_model`:
 a token-level distillation from the target is impossible across vocabularies), with the students'
 batch and learning rate for `settings.xtok_steps` steps: as a small model of another family is
-trained on its own, longer than a student distilled from the target needs. Both lie in the piece's directory, so `make_drafter("draft-model", model=<dir>)` loads them.
+trained on its own, longer than a student distilled from the target needs. Both lie in the
+piece's directory, so `make_drafter("draft-model", model=<dir>)` loads them.
 
 It needs nothing of the target, so a built family gains it without being built again
 (`specdec.zoo.extend`).
@@ -24,8 +25,8 @@ from typing import Any
 import torch
 
 from specdec.checkpoints import load_tokenizer, quiet_transformers
-from specdec.data.corpus import Corpus, read_text
-from specdec.training.data import budgeted_texts, encode_corpus
+from specdec.data.corpus import Corpus
+from specdec.training.data import encode_corpus, training_texts
 from specdec.training.language_model import new_language_model, train_language_model
 from specdec.training.losses import next_token_loss
 from specdec.training.optim import Steps
@@ -43,10 +44,9 @@ def build_xtok(work: Path, settings: ZooSettings, corpus: Corpus, show_progress:
     if settings.xtok_vocab_size is None:
         raise ValueError(f"the {settings.name} family has no {XTOK} (its settings give no xtok_vocab_size)")
     directory = work / XTOK
-    texts = [(corpus.relative(p), t) for p in corpus.train if (t := read_text(p)) is not None]
     say(f"{XTOK}: a metaspace BPE with byte fallback, {settings.xtok_vocab_size} entries (the target's: "
         f"{settings.vocab_size}), and a language model on it")
-    save_metaspace_tokenizer(train_metaspace_tokenizer(budgeted_texts(texts, settings.tokenizer_chars),
+    save_metaspace_tokenizer(train_metaspace_tokenizer(training_texts(corpus, settings.tokenizer_chars),
                                                        settings.xtok_vocab_size),
                              directory, settings.target.max_positions)
     tokenizer = load_tokenizer(directory)
