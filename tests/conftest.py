@@ -158,7 +158,7 @@ def playground(quick_zoo: Path, quick_target):
 def zoo_drafter(quick_zoo: Path):
     """`zoo_drafter(name, compiled, **extra)`: the quick zoo's drafter `name` with the zoo's options and
     `extra` (e.g. its tree options), made once per run for eager and once for compiled decoding (a
-    drafter keeps its compiled steps with its modules), and forgotten (`specdec.protocols.forget`)
+    drafter's files are read once; fresh instances would share its graphs), and forgotten (`specdec.protocols.forget`)
     each time it is handed out, as a fresh instance would be."""
     from specdec import make_drafter, zoo
     from specdec.protocols import forget

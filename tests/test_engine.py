@@ -424,3 +424,33 @@ def test_a_step_is_kept_per_function_and_per_structure_of_the_modules_it_takes()
     assert step_for(steps, first, "loop", False, owner, (nn.Linear(4, 8, bias=False), torch.ones(1))) is a
     assert step_for(steps, second, "loop", False, owner, (plain, torch.zeros(1))) is not a
     assert step_for(steps, first, "loop", False, owner, (biased, torch.zeros(1))) is not a
+
+
+class _Scaled(torch.nn.Module):
+    """A module whose graph reads a plain attribute (`scale`) besides its weights."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(4, 4), scale
+
+
+def _scaled(module: _Scaled, x: torch.Tensor) -> torch.Tensor:
+    return module.linear(x) * module.scale
+
+
+def test_modules_of_one_structure_share_compiled_graphs_and_others_do_not() -> None:
+    from torch._dynamo.utils import counters
+
+    from specdec.runtime.engine import Step, structure
+
+    x = torch.randn(3, 4)
+    first, twin, other = _Scaled(2.0), _Scaled(2.0), _Scaled(3.0)  # twin: other weights; other: another scale
+    other.load_state_dict(first.state_dict())
+    assert structure(first) == structure(twin) != structure(other)
+    graphs = []
+    for module in (first, twin, other):
+        before = counters["stats"]["unique_graphs"]
+        out = Step(_scaled, "scaled", True, module)(x)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        torch.testing.assert_close(out, _scaled(module, x))  # its own weights and its own scale
+    assert graphs == [1, 0, 1], f"graphs compiled per module: {graphs}"

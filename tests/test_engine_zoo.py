@@ -149,3 +149,23 @@ def test_settings_that_read_the_prefix_decode_compiled_as_eager(quick_target, zo
                                  max_new_tokens=30, sampling=sampling, seed=5, compile=compile).tokens
                 for compile in (False, True)]
         assert runs[1] == runs[0], name
+
+
+def test_a_fresh_drafter_instance_compiles_nothing_once_one_of_its_structure_has_run(quick_zoo, quick_target) -> None:
+    """Compiled graphs outlive the drafter object: made per request (`make_drafter` per call, as
+    the play server does), a drafter runs the graphs of the first instance of its structure."""
+    from torch._dynamo.utils import counters
+
+    from specdec import make_drafter, zoo
+    from specdec.checkpoints import load_tokenizer
+
+    tokenizer = load_tokenizer(quick_zoo / "target")
+    prompt = tokenizer("def parse(self, text):\n    ", add_special_tokens=False)["input_ids"]
+    for name, options in zoo.drafter_options(quick_zoo).items():
+        runs = []
+        for _ in range(2):
+            before = counters["stats"]["unique_graphs"]
+            tokens = specdec.generate(quick_target, prompt, drafter=make_drafter(name, **options), num_draft_tokens=4,
+                                      max_new_tokens=24, compile=True).tokens
+            runs.append((counters["stats"]["unique_graphs"] - before, tokens))
+        assert runs[1] == (0, runs[0][1]), f"{name}: a second fresh instance compiled {runs[1][0]} graphs"

@@ -5,9 +5,10 @@ A step is compiled whole (`fullgraph=True`) for static shapes (`dynamic=False`):
 input shape, which the fixed-shape steps keep to a few per run (the verify padded to k + 1
 rows, a tree to its node budget, a drafter's steps likewise). On CUDA the graphs are captured as
 CUDA graphs (`mode="reduce-overhead"`); their outputs are copied out, since the next replay
-overwrites them. On CPU inductor's C++ wrapper launches the kernels. Graphs are kept with the
-module they run, so a later call with the same shapes (another generate call on the same
-model, the same drafter again) reuses them.
+overwrites them. On CPU inductor's C++ wrapper launches the kernels. Graphs are kept by the
+structure of the modules they run (`structure`), not by the modules themselves: the weights are
+graph inputs, so a later call with the same shapes reuses them, on the same model or drafter
+or on a fresh instance of the same structure (a drafter made per request).
 
 A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
 then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
@@ -16,10 +17,14 @@ nothing ran twice), and an error the eager run raises as well is the step's own,
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
+import types
 import warnings
 import weakref
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 import torch
@@ -27,12 +32,12 @@ from torch import nn
 
 from specdec.runtime.cache import set_static_length
 
-__all__ = ["Step", "compile_failures", "compile_seconds", "fed_step", "step_for"]
+__all__ = ["Step", "compile_failures", "compile_seconds", "fed_step", "step_for", "structure"]
 
 RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 _FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
-_COMPILED: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Callable[..., Any]]] = \
-    weakref.WeakKeyDictionary()  # owner -> its compiled steps, by (name, dtype, device)
+_COMPILED: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compiled steps, by function and structure
+_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
 def _recompile_limits() -> dict[str, Any]:
@@ -79,14 +84,15 @@ class Step:
     """`fn(owner, *args)` compiled for static shapes, or run eagerly when `enabled` is false or
     compiling failed.
 
-    `owner` is the module the step runs (a model, a drafter head). Its compiled graphs are kept
-    with it, by `name`, `fn`, the owner's dtype and device and the structure of any other module
-    the step takes as an argument (`uses`, e.g. a target's LM head in a drafter's draft loop), so
-    every Step of that owner shares them across calls and no other module ever runs them. They
-    skip dynamo's guards on module attributes (checking those costs more than a small model's
-    step), which is sound because a graph only ever sees the modules it was compiled for. The
-    modules' weights may change in place (they are inputs); their configuration must not once
-    they have compiled.
+    `owner` is the module the step runs (a model, a drafter head). The compiled graphs are kept
+    by `name`, `fn`, the owner's dtype and device, the owner's `structure` and that of any other
+    module the step takes as an argument (`uses`, e.g. a target's LM head in a drafter's draft
+    loop): every Step of an owner of that structure shares them, across calls and across
+    instances, and no module of another structure ever runs them. They skip dynamo's guards on
+    module attributes (checking those costs more than a small model's step), which is sound
+    because the structure holds everything a graph reads from a module but its tensors' values,
+    and those are graph inputs. The modules' weights may change in place; their configuration
+    must not once they have compiled.
 
     `restore`, when given, puts back whatever state a failed compiled call may have touched
     before the call is run eagerly (a cache's length).
@@ -108,13 +114,12 @@ class Step:
 
             if hasattr(dynamo_config, "accumulated_recompile_limit"):  # (2.6 on)
                 dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
-            steps = _COMPILED.setdefault(owner, {})
             slot = (name, fn.__module__, fn.__qualname__, None if first is None else first.dtype, device,
-                    tuple(_structure(module) for module in uses))
-            if slot not in steps:
-                steps[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
-                                            **_recompile_limits())
-            self._compiled = steps[slot]
+                    structure(owner), tuple(structure(module) for module in uses))
+            if slot not in _COMPILED:
+                _COMPILED[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
+                                                **_recompile_limits())
+            self._compiled = _COMPILED[slot]
 
     @property
     def compiled(self) -> bool:
@@ -146,7 +151,7 @@ def step_for(steps: dict[tuple[Any, ...], Step], fn: Callable[..., Any], name: s
     """The Step of `fn` for these arguments among `steps` (made on first use): one per function
     and per structure of the modules among `args` (a drafter's loop takes the target's LM head)."""
     uses = tuple(arg for arg in args if isinstance(arg, nn.Module))
-    key = (fn.__module__, fn.__qualname__, tuple(_structure(module) for module in uses))
+    key = (fn.__module__, fn.__qualname__, tuple(structure(module) for module in uses))
     if key not in steps:
         steps[key] = Step(fn, name, enabled, owner, uses, restore)
     return steps[key]
@@ -174,14 +179,55 @@ def fed_step(feed: Callable[..., Any], loop: Callable[..., Any]) -> Callable[...
     return _FED[key]
 
 
-def _structure(module: nn.Module) -> tuple[Any, ...]:
-    """What a graph depends on in a module passed as an argument, but its weights' values: its
-    class, its tensors' names, shapes and dtypes, and its plain attributes."""
-    tensors = tuple((name, tuple(t.shape), t.dtype) for name, t in
-                    [*module.named_parameters(), *module.named_buffers()])
-    plain = tuple(sorted((k, v) for k, v in vars(module).items()
-                         if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None)))))
-    return type(module), tensors, plain
+def structure(module: nn.Module) -> tuple[Any, ...]:
+    """What a compiled graph may read from `module` but its tensors' values, for every submodule:
+    its class, its parameters', buffers' and tensor attributes' names, shapes, dtypes and devices,
+    and its other attributes (numbers, strings, configs by their contents, functions by name).
+    An attribute of another kind is taken by identity, so modules holding one share no graph.
+    Computed once per module: a module's configuration must not change once it has compiled."""
+    known = _STRUCTURES.get(module)
+    if known is None:
+        known = tuple((name, type(sub).__module__, type(sub).__qualname__,
+                       tuple(sorted((key, _attribute(value)) for key, value in vars(sub).items()
+                                    if key not in _MODULE_FIELDS)))
+                      for name, sub in module.named_modules(remove_duplicate=False))
+        known += (tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in
+                        [*module.named_parameters(remove_duplicate=False),
+                         *module.named_buffers(remove_duplicate=False)]),)
+        _STRUCTURES[module] = known
+    return known
+
+
+# nn.Module's own bookkeeping: its tensors and submodules are walked by name, its hooks must be
+# empty under compile (dynamo reads them) and are compared by count
+_MODULE_FIELDS = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+
+def _attribute(value: Any) -> Any:
+    """A module attribute as a graph may depend on it (`structure`)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return value
+    if isinstance(value, (PurePath, enum.Enum)):
+        return (type(value).__qualname__, str(value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.dtype, value.device)
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return (type(value).__name__, tuple(_attribute(item) for item in items))
+    if isinstance(value, dict):  # a hook table's keys are handle numbers, counted per process: its order holds
+        return ("dict", tuple((key if isinstance(key, str) else None, _attribute(item)) for key, item in
+                              sorted(value.items(), key=lambda pair: repr(pair[0]))))
+    if isinstance(value, nn.Module):  # walked as a submodule when registered; else by identity
+        return ("module", id(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__qualname__, _attribute(dataclasses.asdict(value)))
+    if callable(getattr(value, "to_dict", None)) and hasattr(value, "to_json_string"):  # a transformers config
+        return (type(value).__qualname__, value.to_json_string(use_diff=False))
+    if isinstance(value, types.FunctionType):  # by its code and what it closes over (a hook made per module)
+        return ("function", id(value.__code__), tuple(_attribute(cell.cell_contents) for cell in value.__closure__ or ()))
+    if isinstance(value, type):
+        return ("class", id(value))
+    return ("object", type(value).__qualname__, id(value))
 
 
 def _clone(out: Any) -> Any:
