@@ -40,17 +40,30 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
                              "already loaded with tensor parallelism and shard=false")
         return model
     if isinstance(model, (str, Path)):
-        from specdec.checkpoints import load_causal_lm, resolve_checkpoint
+        from specdec.checkpoints import is_gguf, load_causal_lm, resolve_checkpoint
         from specdec.distributed.sharding import in_process_group, world_size
 
-        path = resolve_checkpoint(model, "draft-model model")
-        if not (path / "config.json").is_file():
+        path = resolve_checkpoint(model, "draft-model model")  # a GGUF file stays a file
+        if not is_gguf(path) and not (path / "config.json").is_file():
             raise FileNotFoundError(f"draft-model: {str(path)!r} is not a model directory (no config.json)")
         if shard and not in_process_group():
             raise ValueError("draft-model: shard=true shards the draft model like the target, over the processes "
                              "of a torchrun launch; there is none (launch with torchrun, or drop shard=true)")
         return load_causal_lm(path, tp=world_size() if shard else 1)
-    raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory or a hub id, got {model!r}")
+    raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory, a GGUF file or a hub id, "
+                    f"got {model!r}")
+
+
+def _load_tokenizer(tokenizer: Any, model: PreTrainedModel | str | Path) -> Any:
+    """The draft model's tokenizer (`load_draft_tokenizer`); for a model given as a GGUF file and no
+    `tokenizer`, the one in the file's metadata."""
+    if tokenizer is None and isinstance(model, (str, Path)):
+        from specdec.checkpoints import is_gguf, load_tokenizer, resolve_checkpoint
+
+        path = resolve_checkpoint(model, "draft-model model")
+        if is_gguf(path):
+            return load_tokenizer(path)
+    return load_draft_tokenizer(tokenizer, model)
 
 
 def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int,
@@ -135,7 +148,7 @@ class DraftModelDrafter:
         self._tree_tokens: list[int] = []  # the last tree draft's tokens (target ids), node by node
         self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
-        self.draft_tokenizer = load_draft_tokenizer(tokenizer, model)  # None when unknown
+        self.draft_tokenizer = _load_tokenizer(tokenizer, model)  # None when unknown
         self._bridges: dict[tuple[int, str, str], Translation | None] = {}  # (target tokenizer, mode, device)
         self._translation: Translation | None = None  # this generation's, when the vocabularies differ
         self._committed = 0  # the draft model's ids for the committed sequence when the last draft was proposed

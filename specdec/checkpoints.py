@@ -1,8 +1,9 @@
-"""Finding and loading checkpoints: a local directory or a hub id resolved through the local hub
-cache, a causal LM in eval mode and its tokenizer.
+"""Finding and loading checkpoints: a local directory, a GGUF file or a hub id resolved through the
+local hub cache, a causal LM in eval mode and its tokenizer.
 
-`resolve_checkpoint` turns what a user typed (`DIR`, `org/name`, `org/name@revision`) into a
-local directory. Hub ids go through huggingface_hub's `snapshot_download`, cache only when
+`resolve_checkpoint` turns what a user typed (`DIR`, `FILE.gguf`, `org/name`, `org/name@revision`)
+into a local directory, or a GGUF file as is: `load_causal_lm` and `load_tokenizer` read one
+through `specdec.gguf`. Hub ids go through huggingface_hub's `snapshot_download`, cache only when
 HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set; the cache directory and offline mode are read
 from the environment at each call, not when huggingface_hub was imported.
 
@@ -25,8 +26,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specdec.distributed.sharding import check_tensor_parallel
+from specdec.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
 
-__all__ = ["hub_cache_dir", "hub_offline", "load_causal_lm", "load_tokenizer", "quiet_transformers",
+__all__ = ["hub_cache_dir", "hub_offline", "is_gguf", "load_causal_lm", "load_tokenizer", "quiet_transformers",
            "resolve_checkpoint"]
 
 # org/name, optionally @revision (a branch, tag or commit hash)
@@ -49,8 +51,9 @@ def hub_offline() -> bool:
 
 
 def resolve_checkpoint(name: str | Path, what: str) -> Path:
-    """The local directory holding the checkpoint `name`: an existing directory as is, else the
-    hub cache's snapshot of the hub id `org/name[@revision]` (downloaded unless offline).
+    """The local directory holding the checkpoint `name`: an existing directory as is, a GGUF file
+    (`specdec.gguf.is_gguf`) as is, else the hub cache's snapshot of the hub id
+    `org/name[@revision]` (downloaded unless offline).
 
     Raises FileNotFoundError saying where it looked and what to do; `what` names the checkpoint
     in the message ("target", "medusa heads", ...).
@@ -59,6 +62,11 @@ def resolve_checkpoint(name: str | Path, what: str) -> Path:
     if path.is_dir():
         return path
     text = str(name)
+    if is_gguf(path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{what} {text!r}: no GGUF file {str(path.absolute())!r}; pass an existing .gguf "
+                                    "file, a checkpoint directory or a hub id")
+        return path
     match = _HUB_ID.fullmatch(text)
     if match is None:
         raise FileNotFoundError(f"{what} {text!r} is not a directory (looked for {str(path.absolute())!r}; so no "
@@ -107,10 +115,19 @@ def _checked(path: str | Path, what: str) -> Path:
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int = 1) -> PreTrainedModel:
-    """The causal LM at `path` (a directory or a hub id: `resolve_checkpoint`), in eval mode;
-    `tp` > 1 shards it over that many processes under torchrun, after the checks of
-    `specdec.distributed.sharding.check_tensor_parallel` (which fail before any weight is read)."""
-    directory = _checked(path, "model")
+    """The causal LM at `path` (a directory, a GGUF file or a hub id: `resolve_checkpoint`), in eval
+    mode; `tp` > 1 shards it over that many processes under torchrun, after the checks of
+    `specdec.distributed.sharding.check_tensor_parallel` (which fail before any weight is read).
+    A GGUF file's weights are dequantised to `dtype` (float32 when None) and cannot be sharded."""
+    located = resolve_checkpoint(path, "model")
+    if is_gguf(located):
+        if tp != 1:
+            raise ValueError(f"GGUF file {str(located)!r} cannot be sharded with tp={tp}: transformers' tensor "
+                             "parallelism loads checkpoint directories; convert it first with `specdec convert "
+                             f"{str(located)} --out DIR` and pass DIR")
+        with quiet_transformers():
+            return load_gguf_model(located, dtype)
+    directory = _checked(located, "model")
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
@@ -125,7 +142,11 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int =
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer (AutoTokenizer) at `path`, a directory or a hub id (`resolve_checkpoint`)."""
+    """The tokenizer (AutoTokenizer) at `path`, a directory, a GGUF file (its metadata's tokenizer
+    and chat template) or a hub id (`resolve_checkpoint`)."""
     directory = resolve_checkpoint(path, "tokenizer")
+    if is_gguf(directory):
+        with quiet_transformers():
+            return load_gguf_tokenizer(directory)
     with quiet_transformers():
         return AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -56,13 +56,18 @@ def model_device(text: str) -> Any:
 
 
 def resolve_target(name: str | Path) -> Path:
-    """The local directory of `--target name` (a directory or a hub id); a CLIError when there is
-    none or it has no config.json."""
+    """The local directory of `--target name` (a directory or a hub id), or the GGUF file it names;
+    a CLIError when there is none, a directory has no config.json, or transformers cannot read
+    the GGUF file (`specdec.gguf.check_gguf`, which reads no weight)."""
     from specdec.checkpoints import resolve_checkpoint
+    from specdec.gguf import check_gguf, is_gguf
 
     try:
         path = resolve_checkpoint(name, "--target")
-    except FileNotFoundError as error:
+        if is_gguf(path):
+            check_gguf(path)
+            return path
+    except (OSError, ValueError) as error:  # GGUFDependencyError is a ValueError
         raise CLIError(one_line(error)) from None
     if not (path / "config.json").is_file():
         raise CLIError(f"--target {str(name)!r} is not a model directory (no config.json in {str(path)!r})")
@@ -71,7 +76,7 @@ def resolve_target(name: str | Path) -> Path:
 
 def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
     """(tokenizer, model in eval mode on args.device in args.dtype) from `--target name`, a
-    checkpoint directory or a hub id."""
+    checkpoint directory, a GGUF file or a hub id."""
     import torch
 
     from specdec.checkpoints import load_causal_lm, load_tokenizer
@@ -80,6 +85,9 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
     device = model_device(args.device)
     path = resolve_target(name)
     tp = getattr(args, "tp", 1)
+    if tp != 1 and path.is_file():  # a GGUF file (resolve_target): fail before its tokenizer loads
+        raise CLIError(f"--tp {tp}: --target {str(name)!r} is a GGUF file, which transformers cannot shard; convert "
+                       f"it first with `specdec convert {str(name)} --out DIR` and pass --target DIR")
     if getattr(args, "check_ranks", False):
         if tp == 1:
             raise CLIError("--check-ranks compares the ranks holding a sharded target; give --tp N under torchrun")
@@ -87,7 +95,7 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
     try:  # a --tp the model or the launch cannot take fails in load_causal_lm, before any weight is read
         tokenizer = load_tokenizer(path)
         model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, ImportError) as error:
         raise CLIError(f"cannot load --target {str(name)!r}: {one_line(error)}") from None
     if tp != 1:  # transformers placed each shard on this rank's device
         return tokenizer, model.eval()

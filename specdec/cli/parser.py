@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from specdec.cli.bench import add_bench_command
 from specdec.cli.common import CLIError
+from specdec.cli.convert import add_convert_command
 from specdec.cli.datastore import add_datastore_commands
 from specdec.cli.drafters import add_drafters_command
 from specdec.cli.export import add_export_command
@@ -35,7 +36,8 @@ from specdec.distributed.sharding import rank_zero_output
 __all__ = ["main"]
 
 COMMANDS = (add_drafters_command, add_generate_command, add_zoo_commands, add_train_command, add_bench_command,
-            add_verify_command, add_trace_command, add_export_command, add_datastore_commands, add_play_command)
+            add_verify_command, add_trace_command, add_export_command, add_datastore_commands, add_play_command,
+            add_convert_command)
 
 
 def _parser() -> argparse.ArgumentParser:
