@@ -179,7 +179,7 @@ class DraftModelDrafter:
         self._translation = self._bridge(ctx)  # its vocabulary map on the draft model's device, as moved
         k = ctx.engine.max_draft
         tree_rows = k * self.tree.top_k if self.tree is not None else k
-        capacity = ctx.engine.capacity(extra=k + 1 + tree_rows) if ctx.engine.max_length else None
+        capacity = ctx.engine.cache_capacity(extra=k + 1 + tree_rows, static=self.lm.static_eagerly)
         if self._translation is not None and capacity is not None:
             capacity = self._translation.capacity(capacity)
         self.lm.reset(capacity, compile=ctx.engine.compile)

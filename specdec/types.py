@@ -408,6 +408,18 @@ class Engine:
         return static_capacity(self.max_length + self.verify_rows + extra)
 
 
+    def cache_capacity(self, extra: int = 0, static: bool = False) -> int | None:
+        """The positions of a model's static cache in this generation (`capacity`), or None for a
+        dynamic one. Compiled decoding takes static caches: their fixed shapes are what graphs
+        replay. Eager decoding takes transformers' dynamic cache for a model of full-attention
+        layers, since on a static one every eager forward would attend over all its columns and
+        run padding rows; a model that needs the static cache eagerly too (`static`: linear
+        attention, sliding windows; `CausalLM.static_eagerly`) keeps it."""
+        if not self.max_length or not (self.compile or static):
+            return None
+        return self.capacity(extra)
+
+
 def static_capacity(positions: int) -> int:
     """The size of a static cache holding `positions`: rounded up to a multiple of CAPACITY_STEP."""
     return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP

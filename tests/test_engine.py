@@ -454,3 +454,22 @@ def test_modules_of_one_structure_share_compiled_graphs_and_others_do_not() -> N
         graphs.append(counters["stats"]["unique_graphs"] - before)
         torch.testing.assert_close(out, _scaled(module, x))  # its own weights and its own scale
     assert graphs == [1, 0, 1], f"graphs compiled per module: {graphs}"
+
+
+def test_eager_decoding_takes_a_dynamic_cache_unless_the_model_needs_the_static_one() -> None:
+    """Static caches serve compiled graphs; eagerly a full-attention model decodes on a dynamic
+    cache (no attention over unwritten columns, no padding rows), a sliding one keeps the static
+    cache it needs, and the tokens are the same either way."""
+    from specdec.types import Engine
+
+    engine = Engine(compile=False, max_length=100, max_draft=4)
+    assert engine.cache_capacity() is None and engine.cache_capacity(static=True) == engine.capacity()
+    assert Engine(compile=True, max_length=100, max_draft=4).cache_capacity() == engine.capacity()
+    full, sliding = CausalLM(_model("llama")), CausalLM(tiny_model("mistral", vocab_size=VOCAB, sliding_window=4))
+    assert not full.static_eagerly and sliding.static_eagerly
+    for lm, static in ((full, False), (sliding, True)):
+        eager = specdec.generate(lm, PROMPT, drafter="ngram", max_new_tokens=12).tokens
+        assert lm.static is static
+        lm.static_eagerly = not static  # the other kind of cache, for the same tokens
+        assert specdec.generate(lm, PROMPT, drafter="ngram", max_new_tokens=12).tokens == eager
+        assert lm.static is not static

@@ -140,6 +140,8 @@ def test_the_targets_cache_and_weights_end_as_plain_decodings(dynamic):
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     modules = dict(model.named_modules())
     ours, plain = (_dynamic(model), _dynamic(model)) if dynamic else (CausalLM(model), CausalLM(model))
+    if not dynamic:  # the static cache eagerly, as a sliding or hybrid target keeps it
+        ours.static_eagerly = plain.static_eagerly = True
     sampling = Sampling(temperature=0.8)
     drafted = specdec.generate(ours, PROMPT, drafter=SelfDrafter(), max_new_tokens=NEW_TOKENS, sampling=sampling,
                                seed=1)

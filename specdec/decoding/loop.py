@@ -129,7 +129,7 @@ def decode(run: Run) -> Generation:
 def prefill(run: Run) -> None:
     """Size and fill the target's cache with the prompt but its last id; then the drafter's prefill."""
     lm = run.lm
-    lm.reset(run.engine.capacity(), compile=run.engine.compile)
+    lm.reset(run.engine.cache_capacity(static=lm.static_eagerly), compile=run.engine.compile)
     run.layers = hidden_layers(run.drafter, run.name, lm)
     width = len(run.layers) * lm.hidden_size
     hidden = torch.empty(0, width, dtype=lm.dtype, device=lm.device) if run.layers else None

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdec.distributed.ranks import Ranks, model_ranks
-from specdec.runtime.cache import KV, check_transformers, has_recurrent_state
+from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, new_cache
 from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.runtime.linear import CHAIN, TreeLayout, tree_layout
 from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
@@ -28,7 +28,7 @@ from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pip
 from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppable_layers
 from specdec.runtime.replay import Replay
 from specdec.runtime.tree_logits import TreeLogits, head_reproduces
-from specdec.runtime.windows import layer_masks
+from specdec.runtime.windows import attention_kinds, layer_masks
 from specdec.trees import verify_layout
 from specdec.types import ExtraRows
 
@@ -85,6 +85,10 @@ class CausalLM:
         self.hidden_size: int = int(head.shape[1]) if head is not None else int(self.config.hidden_size)
         self.num_layers: int = int(self.config.num_hidden_layers)  # hidden-state indices run 0..num_layers
         self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
+        # whether eager decoding keeps the static cache too (`Engine.cache_capacity`): linear-attention
+        # layers roll back there without replaying, and sliding layers keep every position there, which
+        # trees, batches and the self drafter's masked forwards need
+        self.static_eagerly: bool = has_recurrent_state(new_cache(model)) or attention_kinds(model).sliding
         self.ranks: Ranks | None = model_ranks(model)  # the processes holding a sharded model (`specdec.distributed.ranks`)
         # pipeline placement (a pipeline-parallel stage, or a device_map over several devices): each
         # forward gets an explicit 4D mask and position ids, without which transformers' cached

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.runtime.target import CausalLM
-from specdec.types import static_capacity
+from specdec.types import Engine
 
 __all__ = ["forward_costs", "tree_forward_costs"]
 
@@ -29,11 +29,13 @@ def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
 
     The sizes are timed round-robin (one of each per round, after a warm-up round, which also
     compiles them when `compile`), so a slow spell of the machine touches every size alike rather
-    than the ones measured during it. The cache is static, sized as a generation's would be.
+    than the ones measured during it. The cache is what a generation's would be: static and sized
+    alike when compiled (or for a hybrid model), dynamic when an attention model runs eagerly.
     """
     if prefix.numel() < 1:
         raise ValueError("forward_costs needs a non-empty prefix")
-    capacity = static_capacity(prefix.numel() + 2 * max(sizes))
+    engine = Engine(compile=compile, max_length=prefix.numel() + max(sizes), max_draft=max(sizes))
+    capacity = engine.cache_capacity(max(sizes), static=lm.static_eagerly)
     lm.reset(capacity, compile=compile)
     lm.forward(prefix.to(lm.device), keep=1)
     base = lm.cache_length
