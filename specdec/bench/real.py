@@ -21,7 +21,7 @@ once into the cache; with `--drafters DIR`, also the drafters trained for SmolLM
 decoding runs beside them (plain `generate`, prompt lookup). Greedy and T = 0.7, compiled.
 
     specdec bench-real --out bench-real            # what `make bench-real` runs (specdec.cli.bench_real)
-    specdec bench-real --prompts-per-category 2 --max-new-tokens 128 --drafters trained/
+    specdec bench-real --max-new-tokens 128 --repeats 3 --drafters trained/
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ def _bench_real(args: argparse.Namespace) -> int:
     for temperature in args.temperatures:
         folder = args.out / ("greedy" if temperature == 0 else f"t{temperature:g}")
         code = _bench(["--target", str(target), "--prompts", str(real.QUESTIONS), "--engine", "compiled",
-                       "--prompts-per-category", str(args.prompts_per_category),
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
                        "--temperature", str(temperature), "--device", args.device, "--out", str(folder),
                        *[f"--drafter={spec}" for spec in real.drafter_specs(datastore, args.drafters)]])
@@ -61,9 +60,8 @@ def add_bench_real_command(commands: Any) -> None:
                          help="where the converted model and the datastore are kept (default: beside the zoo's cache)")
     command.add_argument("--drafters", type=Path, default=None, metavar="DIR",
                          help="drafters trained for SmolLM2: DIR/eagle3, DIR/medusa, DIR/draft-model")
-    command.add_argument("--prompts-per-category", type=int, default=1, metavar="N")
-    command.add_argument("--max-new-tokens", type=int, default=96)
-    command.add_argument("--repeats", type=int, default=3)
+    command.add_argument("--max-new-tokens", type=int, default=64, help="per turn (default 64)")
+    command.add_argument("--repeats", type=int, default=2, help="recorded rounds after a warm-up (default 2)")
     command.add_argument("--temperatures", type=float, nargs="+", default=list(TEMPERATURES), metavar="T")
     command.add_argument("--device", default="cpu")
     command.set_defaults(run=_bench_real)
