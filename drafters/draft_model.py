@@ -54,18 +54,6 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
                     f"got {model!r}")
 
 
-def _load_tokenizer(tokenizer: Any, model: PreTrainedModel | str | Path) -> Any:
-    """The draft model's tokenizer (`load_draft_tokenizer`); for a model given as a GGUF file and no
-    `tokenizer`, the one in the file's metadata."""
-    if tokenizer is None and isinstance(model, (str, Path)):
-        from specdec.checkpoints import is_gguf, load_tokenizer, resolve_checkpoint
-
-        path = resolve_checkpoint(model, "draft-model model")
-        if is_gguf(path):
-            return load_tokenizer(path)
-    return load_draft_tokenizer(tokenizer, model)
-
-
 def draft_chain(model: Any, cache: Any, logits: torch.Tensor, uniforms: torch.Tensor | None, sampling: Sampling, k: int,
                 step: Callable[..., torch.Tensor] | None = None, vocab: VocabMap | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -148,7 +136,7 @@ class DraftModelDrafter:
         self._tree_tokens: list[int] = []  # the last tree draft's tokens (target ids), node by node
         self.lm = CausalLM(_load(model, bool(shard)), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
-        self.draft_tokenizer = _load_tokenizer(tokenizer, model)  # None when unknown
+        self.draft_tokenizer = load_draft_tokenizer(tokenizer, model)  # None when unknown
         self._bridges: dict[tuple[int, str, str], Translation | None] = {}  # (target tokenizer, mode, device)
         self._translation: Translation | None = None  # this generation's, when the vocabularies differ
         self._committed = 0  # the draft model's ids for the committed sequence when the last draft was proposed

@@ -75,8 +75,9 @@ def common_prefix(held: Sequence[int], ids: Sequence[int]) -> int:
 
 def load_draft_tokenizer(tokenizer: Any, model: Any) -> Any:
     """The draft model's tokenizer: `tokenizer` (an object, or a directory or hub id to load), else
-    the one saved beside a model given as a directory (None when there is none)."""
-    from specdec.checkpoints import load_tokenizer, resolve_checkpoint
+    the one saved beside a model given as a directory or held in a model given as a GGUF file
+    (None when there is none)."""
+    from specdec.checkpoints import is_gguf, load_tokenizer, resolve_checkpoint
 
     if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
         return tokenizer
@@ -84,6 +85,8 @@ def load_draft_tokenizer(tokenizer: Any, model: Any) -> Any:
         return load_tokenizer(tokenizer)
     if isinstance(model, (str, Path)):
         directory = resolve_checkpoint(model, "draft-model model")
+        if is_gguf(directory):  # the file's metadata holds its tokenizer
+            return load_tokenizer(directory)
         if any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
             return load_tokenizer(directory)
     return None
