@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import PreTrainedModel
 
+from specdec.drafters.draft_model_batch import DraftModelBatch
 from specdec.drafters.chains import chain_length, chain_uniforms, cut_chain
 from specdec.drafters.translation import (TRANSLATIONS, Translation, common_prefix, load_draft_tokenizer,
                                           resolve_translate, same_vocabulary)
@@ -157,7 +158,9 @@ class DraftModelDrafter:
         twin._committed = 0
         return twin
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def setup(self, ctx: DraftContext) -> Translation | None:
+        """Follow the target's device and dtype (a model loaded here), and return this
+        generation's bridge to the target's vocabulary (None: it drafts on the target's ids)."""
         if self._owns_model and (self.lm.device, self.lm.dtype) != (ctx.target.device, ctx.target.dtype):
             moved = self.lm.model.to(device=ctx.target.device, dtype=ctx.target.dtype)  # type: ignore[call-arg]
             self.lm = CausalLM(moved, role="draft model")
@@ -165,6 +168,14 @@ class DraftModelDrafter:
             raise ValueError(f"draft-model: the draft model is on {self.lm.device}, the target on "
                              f"{ctx.target.device}; move it with .to({str(ctx.target.device)!r})")
         self._translation = self._bridge(ctx)  # its vocabulary map on the draft model's device, as moved
+        return self._translation
+
+    def batch_form(self, rows: int) -> DraftModelBatch:
+        """Its batched form (`specdec.drafters.draft_model_batch`): every row's chain in one forward per depth."""
+        return DraftModelBatch(self, rows)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self.setup(ctx)
         k = ctx.engine.max_draft
         tree_rows = k * self.tree.top_k if self.tree is not None else k
         capacity = ctx.engine.cache_capacity(extra=k + 1 + tree_rows, static=self.lm.static_eagerly)

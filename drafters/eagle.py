@@ -33,6 +33,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_causal_mask
 
+from specdec.drafters.feature_batch import FeatureBatch, FeatureParts, pair_forward
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
                                              shallower_tree, topk_tree_draft)
 from specdec.drafters.feature_pairs import PREFILL_HOLD, feed_pending
@@ -72,13 +73,13 @@ class EagleHead(nn.Module):
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: Cache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """embeds, features [n, H] or [B, n, H] (training), positions [n] (absolute) -> predicted next
+        """embeds, features [n, H] or [B, n, H] (training, a batch), positions [n] or [B, n] (absolute) -> predicted next
         features, shaped like `embeds`. `mask`: an additive [1, 1, n, C + n] tree mask instead of
         the causal one."""
         x = self.fc(torch.cat([embeds, features], dim=-1))
         single = x.dim() == 2
         x = x[None] if single else x  # (B, n, H)
-        position_ids = positions[None]  # (1, n)
+        position_ids = positions if positions.dim() == 2 else positions[None]  # (B or 1, n)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=mask, cache=cache,
                                   position_ids=position_ids)  # a 4D tree mask comes back as it is
         out = self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
@@ -200,9 +201,21 @@ class EagleDrafter:
     def max_draft_nodes(self, k: int) -> int:
         return k if self.tree is None else self.tree.total_tokens
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def _setup(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
+
+    def batch_form(self, rows: int) -> FeatureBatch:
+        """Its batched form (`specdec.drafters.feature_batch`): every row's chain in one forward per depth."""
+        return FeatureBatch(self, rows)
+
+    def batch_parts(self, ctx: DraftContext) -> FeatureParts:
+        self._setup(ctx)
+        return FeatureParts("eagle", self.head, "the EAGLE head", pair_forward, ctx.target.embed_tokens,
+                            ctx.target.lm_head)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self._setup(ctx)
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = None

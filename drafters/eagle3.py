@@ -21,6 +21,7 @@ from torch import nn
 
 from specdec.drafters.eagle3_files import load_eagle3
 from specdec.drafters.eagle3_head import Eagle3Head, TargetVocab, default_layers
+from specdec.drafters.feature_batch import FeatureBatch, FeatureParts, pair_forward
 from specdec.drafters.feature_drafts import (chain_draft, draft_entries, fed_chain_draft, sampled_tree_draft,
                                              shallower_tree, topk_tree_draft)
 from specdec.drafters.feature_pairs import PREFILL_HOLD, feed_pending
@@ -103,12 +104,23 @@ class Eagle3Drafter:
     def _embed(self, ctx: DraftContext) -> nn.Module:
         return self.head.embed_tokens if self.head.embed_tokens is not None else ctx.target.embed_tokens
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def _setup(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
         rotary = self.head.rotary_emb  # its frequencies stay float32 whatever the head's dtype
         rotary.inv_freq = rotary.original_inv_freq.to(device=ctx.target.device, dtype=torch.float32)
         self.vocab.to(device=ctx.target.device)
+
+    def batch_form(self, rows: int) -> FeatureBatch:
+        """Its batched form (`specdec.drafters.feature_batch`): every row's chain in one forward per depth."""
+        return FeatureBatch(self, rows)
+
+    def batch_parts(self, ctx: DraftContext) -> FeatureParts:
+        self._setup(ctx)
+        return FeatureParts("eagle3", self.head, "the EAGLE-3 head", pair_forward, self._embed(ctx), self.vocab)
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self._setup(ctx)
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._out = None

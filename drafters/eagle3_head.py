@@ -140,7 +140,7 @@ class Eagle3Head(nn.Module):
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache: Cache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """embeds [n, H] (or [B, n, H] in training); hidden: fused target states [.., n, m·H_t] (fc
-        applies) or fed-back outputs [.., n, H]; positions [n] -> pre-norm outputs shaped like
+        applies) or fed-back outputs [.., n, H]; positions [n] or [B, n] -> pre-norm outputs shaped like
         `embeds`. `mask`: an additive 4D mask instead of the causal one."""
         g = self.fc(hidden) if hidden.shape[-1] == self.fc.in_features else hidden
         single = g.dim() == 2
@@ -149,7 +149,7 @@ class Eagle3Head(nn.Module):
         normed = layer.hidden_norm(g)
         residual = normed if self.spec.norm_before_residual else g
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)  # (B, n, 2H)
-        position_ids = positions[None]  # (1, n)
+        position_ids = positions if positions.dim() == 2 else positions[None]  # (B or 1, n)
         mask = create_causal_mask(config=self.config, inputs_embeds=g, attention_mask=mask, cache=cache,
                                   position_ids=position_ids)  # a 4D mask comes back as it is
         rotary = self.rotary_emb(g, position_ids=position_ids)

@@ -18,6 +18,11 @@ nodes breadth-first, paths deeper than k dropped. Siblings are distinct top-k ca
 deterministic (no probs) at any temperature: the verifier's sample-and-match keeps that
 lossless. When the tree holds (0,), (0, 0), ..., its first path is the chain mode's draft.
 
+In a batch (`specdec.generate_batch`) the drafter's batched form, `MedusaBatch`, runs the heads
+once per batch step over every live row's newest hidden row, then makes each row's chain or
+tree as `propose` makes it (`specdec.decoding.batch_drafters`); sampled trees and sampled
+chains whose sampling reads the prefix run row by row.
+
 Checkpoint format (the public Medusa-1 layout): a directory with `config.json`
 (`medusa_num_heads`, `medusa_num_layers`, optionally `hidden_size`, `vocab_size`) and
 `medusa_lm_head.safetensors` or `medusa_lm_head.pt`, keys `{h}.{l}.linear.weight`,
@@ -44,8 +49,8 @@ from specdec.sampling import probabilities
 from specdec.trees import children
 from specdec.types import Draft
 
-__all__ = ["MedusaDrafter", "MedusaHeads", "check_medusa_choices", "default_medusa_choices", "load_medusa",
-           "save_medusa"]
+__all__ = ["MedusaBatch", "MedusaDrafter", "MedusaHeads", "check_medusa_choices", "default_medusa_choices",
+           "load_medusa", "save_medusa"]
 
 CONFIG = "config.json"
 SAFETENSORS = "medusa_lm_head.safetensors"
@@ -201,7 +206,52 @@ def save_medusa(heads: MedusaHeads, path: str | Path, safe: bool = True) -> None
 
 
 def _heads_forward(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
-    return heads(hidden)  # (K, 1, V)
+    return heads(hidden)  # (K, N, V) for hidden (N, H)
+
+
+def _fit_heads(heads: MedusaHeads, file: Path, ctx: DraftContext) -> None:
+    """Check that `heads` fit ctx's target (hidden size, vocabulary), naming `file` when they do
+    not, and move them to the target's device and dtype."""
+    target = ctx.target
+    expected = expected_shapes(heads.num_heads, heads.num_layers, target.hidden_size, ctx.vocab_size)
+    _check_shapes(dict(heads.state_dict()), expected, file,
+                  f"the target has hidden size {target.hidden_size} and vocabulary {ctx.vocab_size}; "
+                  "use Medusa heads trained for this target")
+    first = next(heads.parameters())
+    if (first.device, first.dtype) != (target.device, target.dtype):
+        with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, trainable later
+            heads.to(device=target.device, dtype=target.dtype)
+
+
+def _newest_hidden(ctx: DraftContext, last: torch.Tensor | None) -> torch.Tensor | None:
+    """The newest hidden row (1, H) of ctx, that of tokens[-2]; `last` when ctx's block is empty
+    (a 1-token prompt adds none)."""
+    if ctx.hidden_states is None:
+        raise ValueError("medusa: ctx.hidden_states is None; the decode loop must pass the target's "
+                         "hidden states to drafters with uses_hidden_states = True")
+    return ctx.hidden_states[-1:] if ctx.hidden_states.shape[0] > 0 else last  # (1, H)
+
+
+def _sampled_chain(logits: torch.Tensor, ctx: DraftContext) -> Draft:
+    """One token per head drawn from ctx.generator, head i's from its processed distribution
+    (logits [k', V]; from the committed ids and the i tokens drafted before it when the sampling
+    reads the prefix), reported as q [k', V]."""
+    if ctx.sampling.reads_prefix:  # head i's q from the committed ids and the i tokens drafted before it
+        drafted: list[int] = []
+        rows = []
+        for i in range(logits.shape[0]):
+            q_i = ctx.probabilities(logits[i : i + 1], [drafted])  # (1, V)
+            drafted.append(int(torch.multinomial(q_i[0], 1, generator=ctx.generator)))
+            rows.append(q_i)
+        return Draft(torch.tensor(drafted, device=logits.device), torch.cat(rows))
+    q = probabilities(logits, ctx.sampling)  # (k', V)
+    tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)  # (k',)
+    return Draft(tokens, q)
+
+
+def _tree_draft(top: torch.Tensor, layout: ChoiceLayout) -> Draft:
+    """The layout's nodes, breadth-first, from the heads' top-k ids [heads used, ranks]."""
+    return Draft(top[layout.heads, layout.rank_of], parents=layout.parents)
 
 
 class MedusaDrafter:
@@ -254,17 +304,12 @@ class MedusaDrafter:
     def max_draft_nodes(self, k: int) -> int:
         return min(k, self.heads.num_heads) if self.choices is None else len(self.choices)
 
+    def batch_form(self, rows: int) -> MedusaBatch:
+        """The batched form for `rows` rows (`MedusaBatch`): one pass of the heads per batch step."""
+        return MedusaBatch(self, rows)
+
     def prefill(self, ctx: DraftContext) -> None:
-        target = ctx.target
-        expected = expected_shapes(self.heads.num_heads, self.heads.num_layers, target.hidden_size,
-                                   ctx.vocab_size)
-        _check_shapes(dict(self.heads.state_dict()), expected, self.file,
-                      f"the target has hidden size {target.hidden_size} and vocabulary {ctx.vocab_size}; "
-                      "use Medusa heads trained for this target")
-        first = next(self.heads.parameters())
-        if (first.device, first.dtype) != (target.device, target.dtype):
-            with torch.inference_mode(False), torch.no_grad():  # ordinary tensors, trainable later
-                self.heads.to(device=target.device, dtype=target.dtype)
+        _fit_heads(self.heads, self.file, ctx)
         self._last = None
         self._step = Step(_heads_forward, "the Medusa heads", ctx.engine.compile, self.heads)
         self._remember(ctx)
@@ -286,29 +331,23 @@ class MedusaDrafter:
             return self._propose_tree(count)
         logits = self._logits()[:count]  # (k', V)
         if self.sample and not ctx.sampling.greedy:
-            if ctx.sampling.reads_prefix:  # head i's q from the committed ids and the i tokens drafted before it
-                drafted: list[int] = []
-                rows = []
-                for i in range(logits.shape[0]):
-                    q_i = ctx.probabilities(logits[i : i + 1], [drafted])  # (1, V)
-                    drafted.append(int(torch.multinomial(q_i[0], 1, generator=ctx.generator)))
-                    rows.append(q_i)
-                return Draft(torch.tensor(drafted, device=logits.device), torch.cat(rows))
-            q = probabilities(logits, ctx.sampling)  # (k', V)
-            tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)  # (k',)
-            return Draft(tokens, q)
+            return _sampled_chain(logits, ctx)
         return Draft(logits.argmax(dim=-1))
+
+    def _layout(self, depth: int, device: torch.device) -> ChoiceLayout:
+        """The choices' layout at most `depth` deep on `device` (kept across proposes)."""
+        assert self.choices is not None
+        key = (depth, device)
+        if key not in self._layouts:
+            self._layouts[key] = choice_layout(self.choices, depth, device)
+        return self._layouts[key]
 
     def _propose_tree(self, depth: int) -> Draft:
         """The choices at most `depth` deep: one pass of the heads, one top-k, breadth-first."""
-        assert self._last is not None and self.choices is not None
-        key = (depth, self._last.device)
-        if key not in self._layouts:
-            self._layouts[key] = choice_layout(self.choices, depth, self._last.device)
-        layout = self._layouts[key]
+        assert self._last is not None
+        layout = self._layout(depth, self._last.device)
         logits = self._logits()[: layout.count]  # (heads used, V)
-        top = logits.topk(layout.ranks, dim=-1).indices  # (heads used, ranks)
-        return Draft(top[layout.heads, layout.rank_of], parents=layout.parents)
+        return _tree_draft(logits.topk(layout.ranks, dim=-1).indices, layout)  # top: (heads used, ranks)
 
     def _propose_sampled_tree(self, ctx: DraftContext, depth: int) -> Draft:
         """The choices' tree at most `depth` deep with sampled nodes: each node's children drawn
@@ -349,8 +388,76 @@ class MedusaDrafter:
 
     def _remember(self, ctx: DraftContext) -> None:
         """Keep the newest hidden row (an empty block, from a 1-token prompt, adds none)."""
-        if ctx.hidden_states is None:
-            raise ValueError("medusa: ctx.hidden_states is None; the decode loop must pass the target's "
-                             "hidden states to drafters with uses_hidden_states = True")
-        if ctx.hidden_states.shape[0] > 0:
-            self._last = ctx.hidden_states[-1:]  # (1, H)
+        self._last = _newest_hidden(ctx, self._last)  # (1, H)
+
+
+class MedusaBatch:
+    """`MedusaDrafter`'s batched form (`specdec.decoding.batch_drafters`): each batch step runs the
+    heads once over the newest hidden rows of every live row that has one, stacked [B', H] (B'
+    padded to the next power of two when compiled, so a generation keeps a few shapes), then
+    makes each row's draft as batch-1 `propose` does: a greedy chain (one argmax for all rows), a
+    sampled chain (each row's tokens drawn from its own ctx.generator, as its batch-1 decoding
+    draws them), or a deterministic tree (one top-k for all rows). Sampled trees, and sampled
+    chains whose sampling reads the prefix, it leaves to one drafter per row (`serves`)."""
+
+    def __init__(self, drafter: MedusaDrafter, rows: int) -> None:
+        self.drafter, self.rows = drafter, rows
+        self._last: dict[int, torch.Tensor] = {}  # row -> (1, H) hidden state of its tokens[-2]
+        self._step = Step(_heads_forward, "the Medusa heads", False, drafter.heads)
+
+    def serves(self, ctx: DraftContext) -> bool:
+        """False for sampled trees and for sampled chains whose sampling reads the prefix."""
+        sampled = self.drafter.sample and not ctx.sampling.greedy
+        return not (sampled and (self.drafter.choices is not None or ctx.sampling.reads_prefix))
+
+    def prefill_batch(self, ctxs: dict[int, DraftContext]) -> None:
+        first = ctxs[min(ctxs)]  # every row's target and engine
+        _fit_heads(self.drafter.heads, self.drafter.file, first)
+        self._step = Step(_heads_forward, "the Medusa heads", first.engine.compile, self.drafter.heads)
+        self._last = {}
+        self._remember(ctxs)
+
+    def propose_batch(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+        self._remember(ctxs)
+        counts = {row: min(k.get(row, 0), self.drafter.heads.num_heads) for row in ctxs}
+        live = [row for row in ctxs if counts[row] > 0 and row in self._last]
+        drafts = {row: Draft(ctx.tokens[:0]) for row, ctx in ctxs.items() if row not in live}
+        if not live:
+            return drafts
+        logits = self._logits([self._last[row] for row in live])  # (K, B', V)
+        if self.drafter.choices is not None:
+            layouts = [self.drafter._layout(counts[row], logits.device) for row in live]
+            used = max(layout.count for layout in layouts)
+            ranks = max(layout.ranks for layout in layouts)
+            top = logits[:used].topk(ranks, dim=-1).indices  # (heads used, B', ranks)
+            drafts.update({row: _tree_draft(top[:, i], layout) for i, (row, layout) in enumerate(zip(live, layouts))})
+        elif self.drafter.sample and not ctxs[live[0]].sampling.greedy:
+            drafts.update({row: _sampled_chain(logits[: counts[row], i], ctxs[row]) for i, row in enumerate(live)})
+        else:
+            best = logits[: max(counts[row] for row in live)].argmax(dim=-1).T  # (B', k')
+            drafts.update({row: Draft(best[i, : counts[row]]) for i, row in enumerate(live)})
+        return drafts
+
+    def commit_batch(self, ctxs: dict[int, DraftContext], num_accepted: dict[int, int]) -> None:
+        self._remember(ctxs)  # the accepted path's hidden rows end with that of each row's tokens[-2]
+
+    def finish_batch(self, ctxs: dict[int, DraftContext]) -> None:
+        for row in ctxs:
+            self._last.pop(row, None)
+
+    def _remember(self, ctxs: dict[int, DraftContext]) -> None:
+        """Keep each row's newest hidden row (an empty block keeps the one before)."""
+        for row, ctx in ctxs.items():
+            newest = _newest_hidden(ctx, self._last.get(row))
+            if newest is not None:
+                self._last[row] = newest  # (1, H)
+
+    def _logits(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """Every head's logits [K, B', V] at the rows' newest hidden rows (B' of them, each (1, H))."""
+        stacked = torch.cat(hidden)  # (B', H)
+        rows = stacked.shape[0]
+        if self._step.compiled:  # a few shapes: the next power of two
+            size = 1 << (rows - 1).bit_length()
+            stacked = torch.cat([stacked, stacked.new_zeros(size - rows, stacked.shape[1])])  # (size, H)
+        with torch.no_grad():
+            return self._step(stacked)[:, :rows]

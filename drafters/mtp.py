@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.chains import chain_length, cut_chain
+from specdec.drafters.feature_batch import FeatureBatch, FeatureParts
 from specdec.drafters.feature_drafts import shallower_tree, tree_inputs
 from specdec.drafters.feature_pairs import PREFILL_HOLD, chain_inputs, pending_pairs, pending_rows
 from specdec.drafters.head_steps import HeadSteps
@@ -87,6 +88,12 @@ def mtp_tree(head: Any, cache: Any, out: tuple[torch.Tensor, torch.Tensor], lm_h
     return topk_tree(expand, lm_head(logit_input)[0], (feature,), real, start, width, tree, depth)
 
 
+def _stage_forward(head: MtpHead, cache: Any, mask: torch.Tensor, stage: int, embeds: torch.Tensor,
+                   features: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MTP module's batched forward through stage `stage` (`specdec.drafters.feature_batch`)."""
+    return head(stage, embeds, features, positions, cache, mask)
+
+
 class MtpDrafter:
     """Drafts with the MTP module stored in the target checkpoint at `path` (a directory or a hub id).
 
@@ -126,13 +133,25 @@ class MtpDrafter:
         """The stage that runs `depth` (0-based): the last one for depths beyond the stages."""
         return min(depth, len(self.head.stages) - 1)
 
-    def prefill(self, ctx: DraftContext) -> None:
+    def _setup(self, ctx: DraftContext) -> None:
         check_fits(self.head, ctx.target)
         self.head.to(device=ctx.target.device, dtype=ctx.target.dtype)
         experts = getattr(ctx.target.config, "_experts_implementation", None)
         if experts is not None:  # run MoE experts with the target's kernels (float64 needs "eager")
             self.head.layer_config._experts_implementation = experts
         self.steps.name = f"the MTP module ({experts} experts)" if experts is not None else "the MTP module"
+
+    def batch_form(self, rows: int) -> FeatureBatch:
+        """Its batched form (`specdec.drafters.feature_batch`): every row's chain in one forward per depth."""
+        return FeatureBatch(self, rows)
+
+    def batch_parts(self, ctx: DraftContext) -> FeatureParts:
+        self._setup(ctx)
+        return FeatureParts("mtp", self.head, self.steps.name, _stage_forward, ctx.target.embed_tokens,
+                            ctx.target.lm_head, len(self.head.stages))
+
+    def prefill(self, ctx: DraftContext) -> None:
+        self._setup(ctx)
         k = ctx.engine.max_draft
         self.steps.reset(ctx.engine, extra=k + 1 + k * (self.tree.top_k if self.tree else 1))
         self._feature = self._logit_input = None

@@ -89,7 +89,7 @@ class MtpHead(nn.Module):
 
     def forward(self, depth: int, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: Cache | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """embeds, features [n, H] or [B, n, H] (training), positions [n] -> (features to feed back,
+        """embeds, features [n, H] or [B, n, H] (training, a batch), positions [n] or [B, n] -> (features to feed back,
         LM-head inputs), each shaped like `embeds`. `mask`: an additive [1, 1, n, C + n] tree mask
         instead of the causal one.
 
@@ -99,7 +99,7 @@ class MtpHead(nn.Module):
         x = stage.proj(torch.cat([stage.emb_norm(embeds), stage.hidden_norm(features)], dim=-1))
         single = x.dim() == 2
         x = x[None] if single else x  # (B, n, H)
-        position_ids = positions[None]  # (1, n)
+        position_ids = positions if positions.dim() == 2 else positions[None]  # (B or 1, n)
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=mask, cache=cache,
                                   position_ids=position_ids)  # a 4D tree mask comes back as it is
         rotary = self.rotary_emb(x, position_ids=position_ids)

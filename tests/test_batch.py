@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 import specdec
 from specdec import Draft, DraftContext, Sampling
 from specdec.data.datastore_build import build_datastore_from_ids
+from specdec.runtime.batch_cache import BatchCache
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.engine import compile_failures
 
@@ -273,8 +274,8 @@ def test_holes_are_compacted_exactly_when_the_columns_run_out(monkeypatch):
     module = importlib.import_module("specdec.decoding.generate_batch")  # the module, not the function of its name
     monkeypatch.setattr(module, "HOLE_ROOM", 0)
     compactions = []
-    original = BatchLM.compact
-    monkeypatch.setattr(BatchLM, "compact", lambda self: (compactions.append(self.width), original(self)))
+    original = BatchCache.compact
+    monkeypatch.setattr(BatchCache, "compact", lambda self: (compactions.append(self.width), original(self)))
     model = tiny_model("llama", vocab_size=VOCAB, seed=0, dtype=torch.float32, max_positions=512)
     prompts = [PROMPTS[0] * 6, PROMPTS[1]]
     batch = specdec.generate_batch(model, prompts, drafter=GarbageDrafter(seed=1), max_new_tokens=150)

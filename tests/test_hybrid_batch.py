@@ -20,6 +20,7 @@ from transformers import DynamicCache
 import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter
+from specdec.runtime.batch_cache import BatchCache
 from specdec.runtime.batch_target import BatchLM
 from specdec.runtime.linear import LinearStates
 from specdec.runtime.target import CausalLM
@@ -129,8 +130,8 @@ def test_every_row_of_a_hybrid_batch_equals_its_own_decoding(hybrid, key, monkey
     monkeypatch.setattr(module, "HOLE_ROOM", 0)
     monkeypatch.setattr(specdec.types, "CAPACITY_STEP", 8)  # caches sized to the generation, little more
     compactions = []
-    original = BatchLM.compact
-    monkeypatch.setattr(BatchLM, "compact", lambda self: (compactions.append(self.width), original(self)))
+    original = BatchCache.compact
+    monkeypatch.setattr(BatchCache, "compact", lambda self: (compactions.append(self.width), original(self)))
     alone = [specdec.generate(hybrid, prompt, max_new_tokens=32).tokens for prompt in PROMPTS]
     eos = alone[0][5]
     expected = [tokens[: tokens.index(eos) + 1] if eos in tokens else tokens for tokens in alone]

@@ -1,5 +1,5 @@
-"""Drafters in a batch (`specdec.generate_batch`): the batched protocol, and `RowDrafters`, the
-adapter that serves every batch-1 drafter through it.
+"""Drafters in a batch (`specdec.generate_batch`): the batched protocol, a drafter's own batched
+form, and `RowDrafters`, the adapter that serves every other batch-1 drafter through it.
 
 The batched protocol. A drafter that drafts a whole batch itself defines
 
@@ -13,6 +13,15 @@ drafter sees for that row alone: its committed ids, its hidden states, its accep
 own generator. Every draft is checked as a batch-1 draft is, and a broken one names its row.
 The class-level declarations are those of the batch-1 protocol (`max_draft_nodes`,
 `extra_rows`, `uses_hidden_states`, `hidden_layers`) and hold for every row.
+
+A drafter's batched form. A batch-1 drafter may also draft batches natively without being a
+batched drafter itself: `batch_form(rows) -> form | None` returns an object of the batched
+protocol for `rows` rows (None when it has none for its settings), which also defines
+`serves(ctx) -> bool`: whether it drafts this generation natively, judged at prefill from the
+first row's context (its sampling settings, engine and tokenizer are every row's). The learned
+drafters offer one: each batch step runs one batched forward per draft depth for all rows, on
+a head cache with per-row holes (`specdec.runtime.batch_cache`). Where it declines, the rows
+run through the adapter below; either way every row's output is its batch-1 decoding's.
 
 The adapter. A drafter without `propose_batch` decodes each row with an instance of its own:
 the drafter itself for row 0 and, for each other row, its `fork()` when it defines one (a
@@ -38,14 +47,66 @@ from specdec.protocols import DraftContext, Drafter
 from specdec.types import Draft
 from specdec.verifier import DraftError
 
-__all__ = ["RowDrafters", "batched", "fork_drafter"]
+__all__ = ["NativeOrRows", "RowDrafters", "batched", "fork_drafter"]
 
 
 def batched(drafter: Drafter, name: str, rows: int) -> Any:
-    """The batched form of `drafter` for `rows` rows: itself when it drafts batches, else `RowDrafters`."""
+    """The batched form of `drafter` for `rows` rows: itself when it drafts batches, its own
+    `batch_form` where it serves the generation, else `RowDrafters`."""
     if callable(getattr(drafter, "propose_batch", None)):
         return drafter
-    return RowDrafters(drafter, name, rows)
+    method = getattr(drafter, "batch_form", None)
+    form = method(rows) if callable(method) and rows > 1 else None
+    return RowDrafters(drafter, name, rows) if form is None else NativeOrRows(drafter, form, name, rows)
+
+
+class NativeOrRows:
+    """A drafter's batched form where it serves the generation (`serves`, asked at prefill), else
+    one instance per row (`RowDrafters`, made then). Exceptions of the form reach the caller as a
+    DraftError naming the drafter and the method."""
+
+    def __init__(self, drafter: Drafter, form: Any, name: str, rows: int) -> None:
+        self.drafter, self.form, self.name, self.rows = drafter, form, name, rows
+        self.active: Any = None
+        self.seconds: dict[int, float] = {}
+
+    @property
+    def native(self) -> bool:
+        """Whether this generation drafts natively (known after prefill)."""
+        return self.active is self.form
+
+    def prefill_batch(self, ctxs: dict[int, DraftContext]) -> None:
+        first = ctxs[min(ctxs)]
+        serves = self._call("serves", first)
+        self.active = self.form if serves else RowDrafters(self.drafter, self.name, self.rows)
+        self._call("prefill_batch", ctxs)
+
+    def propose_batch(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+        out = self._call("propose_batch", ctxs, k)
+        self.seconds = getattr(self.active, "seconds", None) or {}
+        return out
+
+    def commit_batch(self, ctxs: dict[int, DraftContext], num_accepted: dict[int, int]) -> None:
+        self._call("commit_batch", ctxs, num_accepted)
+
+    def finish_batch(self, ctxs: dict[int, DraftContext]) -> None:
+        if callable(getattr(self.active, "finish_batch", None)):
+            self._call("finish_batch", ctxs)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        target = self.form if self.active is None else self.active
+        if target is not self.form:  # RowDrafters names the row itself
+            return getattr(target, method)(*args)
+        bound = getattr(target, method, None)
+        if not callable(bound):
+            return None
+        try:
+            return bound(*args)
+        except (DraftError, MemoryError, torch.OutOfMemoryError):
+            raise
+        except Exception as error:
+            raise DraftError(f"drafter {self.name!r} raised in {method} (batched): {type(error).__name__}: "
+                             f"{error}") from error
 
 
 def fork_drafter(drafter: Drafter, name: str, row: int) -> Drafter:

@@ -1,19 +1,16 @@
 """A causal LM decoding a batch of rows on one static cache with holes (`specdec.generate_batch`).
 
-Rows accept ragged numbers of tokens per step. Every forward writes its R new columns at one
-shared column, `width`, for all rows of the batch; after the verdict each row keeps as its own
-the columns of its root and of the nodes it accepted, and leaves the others as holes that no
-later query attends to: a validity mask [B, C] is folded into every forward's 4D mask. Each row
-runs at its own position ids (its committed length, not the column), so a row reads the same
-keys and values at the same positions as when decoded alone, and the holes add only masked
-terms: its logits are those of batch-1 decoding. A sliding layer's window is measured in those
-positions (the cache keeps each column's, `specdec.runtime.windows`), so holes do not eat into
-it. Nothing in the attention layers moves after a step (a
-tree's accepted path stays where it was written); when the columns run out, `compact` moves
-each row's entries to the front of its columns, in order (one gather per layer), and a row
-that finished leaves the batch with `select`. A linear-attention layer (GatedDeltaNet) keeps no
-columns but a state per batch row: a step keeps the state after every row it feeds, and `keep`
-takes, per batch row, the state after its own last kept row (`specdec.runtime.linear`).
+Rows accept ragged numbers of tokens per step. The columns are a `BatchCache`'s
+(`specdec.runtime.batch_cache`): every forward writes its R new columns at one shared column for
+all rows; each row keeps the columns of its root and of the nodes it accepted, and leaves the
+others as holes that no later query attends to. Each row runs at its own position ids (its
+committed length, not the column), so a row reads the same keys and values at the same positions
+as when decoded alone, and the holes add only masked terms: its logits are those of batch-1
+decoding. A sliding layer's window is measured in those positions (the cache keeps each
+column's, `specdec.runtime.windows`), so holes do not eat into it. A linear-attention layer
+(GatedDeltaNet) keeps no columns but a state per batch row: a step keeps the state after every
+row it feeds, and `keep` takes, per batch row, the state after its own last kept row
+(`specdec.runtime.linear`).
 
 Chains and trees take one path: a chain is a chain-shaped tree (`specdec.trees.verify_layout`).
 """
@@ -26,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec.runtime.cache import KV
+from specdec.runtime.batch_cache import BatchCache
 from specdec.runtime.engine import Step
 from specdec.runtime.forward import model_forward, prepare_for_compile
 from specdec.runtime.linear import CHAIN, visible_layout
@@ -69,10 +66,9 @@ class BatchLM:
         if obstacle is not None:
             raise ValueError(f"{type(lm.model).__name__} cannot decode a batch: {obstacle}; decode its prompts one "
                              "by one with specdec.generate")
-        self.lm, self.capacity, self.rows = lm, capacity, rows
-        self.kv = KV(lm.model, capacity)  # kv.length: the columns written (`width`)
-        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=lm.device)  # (B, C) kept columns
-        self.base = 0  # the first column of the last forward
+        self.lm, self.capacity = lm, capacity
+        self.columns = BatchCache(lm.model, rows, capacity, lm.device)
+        self.kv = self.columns.kv
         if compile:
             prepare_for_compile(lm.model)
         self._step = Step(model_forward, f"the {type(lm.model).__name__} batched forward", compile, lm.model)
@@ -80,7 +76,21 @@ class BatchLM:
     @property
     def width(self) -> int:
         """Columns written so far (kept or holes)."""
-        return self.kv.length
+        return self.columns.width
+
+    @property
+    def rows(self) -> int:
+        return self.columns.rows
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """BoolTensor [B, C]: the columns each row keeps."""
+        return self.columns.valid
+
+    @property
+    def base(self) -> int:
+        """The first column of the last forward."""
+        return self.columns.base
 
     @property
     def compiled(self) -> bool:
@@ -88,7 +98,7 @@ class BatchLM:
 
     def kept(self) -> torch.Tensor:
         """LongTensor [B]: the columns each row keeps."""
-        return self.valid.sum(dim=1)
+        return self.columns.kept()
 
     def prefill(self, prompts: list[torch.Tensor], hidden: tuple[int, ...] = ()) -> torch.Tensor | None:
         """Feed every row's ids (prompts[b], any lengths), left-padded to the longest: row b's
@@ -112,7 +122,7 @@ class BatchLM:
         visible = (causal[None] & real[:, None, :]) | (eye[None] & ~real[:, :, None])  # (B, P, P)
         _, states = self.forward(ids, positions, visible, hidden, fixed=False, keep=1, padding=real)
         where = real.nonzero().tolist()
-        self.valid[[b for b, _ in where], [self.base + c for _, c in where]] = True
+        self.columns.keep([b for b, _ in where], [c for _, c in where])
         return states
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, hidden: tuple[int, ...] = (),
@@ -127,22 +137,18 @@ class BatchLM:
         `depth` is given, then a tree of at most that depth whose rows continue the latest row
         they see. `padding` [B, R] (True = a real id) makes it a prefill instead, committed at once."""
         batch, rows = ids.shape
-        if self.width + rows > self.capacity:
-            self.compact()
+        self.columns.begin(rows)  # compacts when the columns run out
         recurrent = self.kv.recurrent
         layout = None if padding is not None or not recurrent else CHAIN if depth is None else \
             visible_layout(visible, self.kv.kernel, depth)
         self.kv.reserve(rows, layout, batch)
-        width = self.capacity
-        seen = self.valid[:, None, :].expand(batch, rows, width).clone()  # (B, R, C)
-        seen[:, :, self.width : self.width + rows] = visible
+        seen = self.columns.seen(visible)  # (B, R, C)
         if self.lm.learned_positions and self.lm.max_positions:
             positions = positions.clamp(max=self.lm.max_positions - 1)  # padding rows may run past the table
         # (B, 1, R, C) additive, one per kind of layer where kinds mix (sliding layers: their window too)
         mask = layer_masks(self.kv.attention, seen, positions, self.kv.key_positions(positions), self.lm.dtype)
         if recurrent:  # the linear-attention layers' own entry: a prefill's padding mask [B, R], else none
             mask = {**(mask if isinstance(mask, dict) else {FULL: mask}), LINEAR: padding}
-        self.base = self.width
         args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
         # a first write allocates the cache (never compiled); a prefill's shape varies
         compiled = fixed and self.kv.initialized
@@ -160,22 +166,17 @@ class BatchLM:
             for row, column in zip(rows, columns):
                 paths[row].append(column)
             self.kv.commit_rows([sorted(path) for path in paths])
-        if rows:
-            where = torch.tensor([rows, columns], dtype=torch.long)  # (2, n)
-            where[1] += self.base
-            self.valid[where[0].to(self.valid.device), where[1].to(self.valid.device)] = True
+        self.columns.keep(rows, columns)
+
+    def release(self, rows: list[int], columns: list[int]) -> None:
+        """Row rows[i] gives back column columns[i] (absolute): a drafter's draft entries, kept
+        while it drafted and dropped after the verify rejected them (attention layers only)."""
+        self.columns.release(rows, columns)
 
     def compact(self) -> None:
         """Move every row's kept columns to the front of its columns, in order; the holes go."""
-        order = torch.argsort((~self.valid).to(torch.uint8), dim=1, stable=True)  # (B, C): kept columns first
-        self.kv.reorder(order)
-        kept = self.kept()  # (B,)
-        self.valid = torch.arange(self.capacity, device=self.valid.device)[None] < kept[:, None]
-        self.kv.rebase(int(kept.max()) if kept.numel() else 0)
+        self.columns.compact()
 
     def select(self, rows: list[int]) -> None:
         """Keep only the batch rows `rows`, in that order (the others finished)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        self.kv.select(index)
-        self.valid = self.valid.index_select(0, index)
-        self.rows = len(rows)
+        self.columns.select(rows)

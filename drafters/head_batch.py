@@ -1,0 +1,73 @@
+"""A drafter head's forward over a batch (the batched forms of EAGLE, EAGLE-3 and MTP): the head's
+own static cache of B rows with holes (`specdec.runtime.batch_cache.BatchCache`), each row at its
+own positions and seeing only its own kept columns, so its outputs are those of the head run on
+that row alone. Forwards of the usual shapes run compiled when the generation compiles: one graph
+per batch size, rows and stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.runtime.batch_cache import BatchCache
+from specdec.runtime.engine import Step
+
+__all__ = ["BatchHead", "HeadForward"]
+
+# forward(head, cache, mask [B, 1, R, C], stage, embeds [B, R, H], features [B, R, F], positions [B, R])
+#   -> (features to feed back, LM-head inputs), [B, R, H] each
+HeadForward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+class BatchHead:
+    """`forward` of `head` on a batch cache of `rows` rows and `capacity` columns."""
+
+    def __init__(self, head: nn.Module, forward: HeadForward, name: str, rows: int, capacity: int,
+                 compile: bool, uses: tuple[nn.Module, ...] = ()) -> None:
+        first = next(head.parameters())
+        self.head, self.forward, self.dtype = head, forward, first.dtype
+        self.columns = BatchCache(head, rows, capacity, first.device)
+        self._step = Step(forward, f"{name}, batched", compile, head, uses)
+
+    @property
+    def rows(self) -> int:
+        return self.columns.rows
+
+    @property
+    def base(self) -> int:
+        """The first column of the last forward."""
+        return self.columns.base
+
+    def __call__(self, stage: int, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                 visible: torch.Tensor, fixed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run R new rows per batch row (embeds [B, R, H], features [B, R, F], positions [B, R]),
+        row r of batch row b seeing that row's kept columns and the new rows visible[b, r] names
+        ([B, R, R]); `fixed`: a shape of the usual steps (compiled when the generation compiles).
+        The new columns are holes until `keep` names them."""
+        rows = positions.shape[1]
+        self.columns.begin(rows)
+        kv = self.columns.kv
+        kv.reserve(rows)
+        seen = self.columns.seen(visible)  # (B, R, C)
+        mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device)
+        mask = mask.masked_fill_(~seen, torch.finfo(self.dtype).min)[:, None]  # (B, 1, R, C)
+        args: tuple[Any, ...] = (kv.cache, mask, stage, embeds, features, positions)
+        # a first write allocates the cache (never compiled); a prefill's shape varies
+        out = self._step(*args) if fixed and kv.initialized else self.forward(self.head, *args)
+        kv.advanced(rows)
+        return out
+
+    def keep(self, rows: list[int], columns: list[int]) -> None:
+        """Batch row rows[i] keeps the new column base + columns[i] of the last forward."""
+        self.columns.keep(rows, columns)
+
+    def release(self, rows: list[int], columns: list[int]) -> None:
+        """Batch row rows[i] gives back column columns[i] (absolute)."""
+        self.columns.release(rows, columns)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep the batch rows `rows` only, in that order."""
+        self.columns.select(rows)
