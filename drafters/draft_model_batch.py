@@ -72,7 +72,8 @@ class DraftModelBatch:
         lm = self.lm
         self.slots = shrink(lm, self.slots, sorted(ctxs), self.compile)
         first = ctxs[min(ctxs)]
-        sampling, n, device = first.sampling, max(k.values()), first.tokens.device
+        sampling, device = first.sampling, first.tokens.device
+        n = first.engine.max_draft if self.compile else max(k.values())  # compiled: the usual chain, cut (one graph)
         if n <= 0:
             return row_drafts(ctxs, [], self.slots, k, first.tokens[None, :0], None)
         logits, ends = self._feed(ctxs, first.engine.max_draft + 1)  # (B, V), (B,) each row's T

@@ -11,8 +11,14 @@ pair, as batch-1 drafting's rollback leaves it (`specdec.drafters.eagle`). Draws
 own generator and the uniforms batch-1 drafting would draw (`chain_uniforms`), so a row's draft
 is its batch-1 draft up to the rounding of a batched forward.
 
-Served natively: chains, greedy or sampled, under settings that do not read the prefix. Trees,
-and settings that process each row from its own history, draft row by row (`serves` is false).
+The catch-up and the chain run as one step (`fed_chains`: one compiled graph per batch shape when
+the generation compiles), the chain's masks made inside it from the rows' kept columns. A greedy
+top-k tree (EAGLE-2, `specdec.drafters.tree_graph.topk_trees`) follows the catch-up with one
+forward of top_k rows per batch row and expanded depth.
+
+Served natively: chains, greedy or sampled, and top-k trees, under settings that do not read the
+prefix. Sampled trees, and settings that process each row from its own history, draft row by
+row (`serves` is false).
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.drafters.batch_chains import draft_chains, padded_visible, row_drafts, row_uniforms, shrink
+from specdec.drafters.batch_chains import padded_visible, row_drafts, row_uniforms, shrink
 from specdec.drafters.feature_pairs import PREFILL_HOLD, pending_pairs
 from specdec.drafters.head_batch import BatchHead, HeadForward
+from specdec.drafters.tree_graph import expansions, topk_trees, tree_depth
 from specdec.protocols import DraftContext
-from specdec.types import Draft
+from specdec.sampling import pick
+from specdec.trees import depths
+from specdec.types import Draft, Sampling
 
 __all__ = ["FeatureBatch", "FeatureParts", "HOLE_ROOM", "pair_forward"]
 
@@ -45,6 +54,38 @@ class FeatureParts:
     embed: nn.Module  # token ids -> embeddings [.., H]
     logits: nn.Module  # LM-head inputs [n, H] -> logits [n, V] over the target's vocabulary
     stages: int = 1  # the head's stages (MTP): depth d runs stage min(d, stages - 1)
+
+
+def fed_chains(head: nn.Module, cache: Any, forward: HeadForward, mask: torch.Tensor, embeds: torch.Tensor,
+               features: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, valid: torch.Tensor,
+               first: torch.Tensor, start: torch.Tensor, logits: nn.Module, embed: nn.Module,
+               uniforms: torch.Tensor | None, sampling: Sampling, stages: int, n: int
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The catch-up of every batch row (embeds [B, R, H], features [B, R, F], positions [B, R],
+    under `mask` [B, 1, R, C]) and each row's chain of n tokens from its output at its last real
+    pair (last [B]): each token by `pick` (argmax, or a draw at uniforms[:, i]), each fed back
+    at position start + i ([B]) in column first + i (0-d), seeing the row's kept columns (valid
+    [B, C], the catch-up's included) and its chain's earlier entries. Returns tokens [B, n] and
+    q [B, n, V] (None when greedy)."""
+    fed_back, logit_in = forward(head, cache, mask, 0, embeds, features, positions)  # (B, R, H) each
+    index = last[:, None, None].expand(-1, 1, fed_back.shape[-1])  # (B, 1, H)
+    feature, logit_input = fed_back.gather(1, index)[:, 0], logit_in.gather(1, index)[:, 0]  # (B, H) each
+    columns = torch.arange(valid.shape[1], device=valid.device)  # (C,)
+    low = torch.finfo(mask.dtype).min
+    tokens: list[torch.Tensor] = []
+    probs: list[torch.Tensor] = []
+    for i in range(n):
+        token, q = pick(logits(logit_input), sampling, None if uniforms is None else uniforms[:, i])  # (B,), (B, V)
+        tokens.append(token)
+        if q is not None:
+            probs.append(q)
+        if i + 1 < n:
+            seen = valid | ((columns >= first) & (columns <= first + i))[None]  # (B, C)
+            step_mask = torch.zeros(seen.shape, dtype=mask.dtype, device=seen.device).masked_fill(~seen, low)
+            fed, lin = forward(head, cache, step_mask[:, None, None], min(i + 1, stages - 1), embed(token)[:, None],
+                               feature[:, None], (start + i)[:, None])  # (B, 1, H) each
+            feature, logit_input = fed[:, 0], lin[:, 0]
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None
 
 
 def pair_forward(head: nn.Module, cache: Any, mask: torch.Tensor, stage: int, embeds: torch.Tensor,
@@ -68,54 +109,101 @@ class FeatureBatch:
         self.compile = False
 
     def serves(self, ctx: DraftContext) -> bool:
-        """Chains under settings that read no prefix (the others draft row by row)."""
-        return self.drafter.tree is None and not ctx.sampling.reads_prefix and bool(ctx.engine.max_length)
+        """Chains and top-k trees under settings that read no prefix (sampled trees and the
+        others draft row by row)."""
+        sampled_tree = self.drafter.tree is not None and self.drafter.sample and not ctx.sampling.greedy
+        return not sampled_tree and not ctx.sampling.reads_prefix and bool(ctx.engine.max_length)
 
     def prefill_batch(self, ctxs: dict[int, DraftContext]) -> None:
         first = ctxs[min(ctxs)]
         parts = self.parts = self.drafter.batch_parts(first)
         engine = first.engine
         k = engine.max_draft
+        tree = self.drafter.tree
         self.compile = engine.compile
         rows = sorted(ctxs)
+        draft_rows = k - 1 if tree is None else expansions(tree, tree_depth(tree, k))
         self.head = BatchHead(parts.head, parts.forward, parts.name, len(rows),
-                              engine.capacity(2 * k + HOLE_ROOM), engine.compile)
+                              engine.capacity(k + 1 + draft_rows + HOLE_ROOM), engine.compile)
         self.slots = {row: slot for slot, row in enumerate(rows)}
         self.cached = dict.fromkeys(rows, 0)
-        self._feed(ctxs, PREFILL_HOLD, None)  # the last pair waits for the first draft
+        pending = self._pending(ctxs, PREFILL_HOLD, None)  # the last pair waits for the first draft
+        if pending is not None:
+            embeds, features, positions, counts, _, fixed = pending
+            _, visible = padded_visible(counts, positions.shape[1], positions.device)
+            self.head(0, embeds, features, positions, visible, fixed=fixed)
+            self._keep(counts)
 
     def propose_batch(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
         assert self.parts is not None and self.head is not None
         head, parts = self.head, self.parts
         self.slots = shrink(head, self.slots, sorted(ctxs), self.compile)
         first = ctxs[min(ctxs)]
-        sampling, n, device = first.sampling, max(k.values()), first.tokens.device
-        fed = self._feed(ctxs, 0, first.engine.max_draft + 1)
-        if fed is None or n <= 0:
+        sampling, device = first.sampling, first.tokens.device
+        n = first.engine.max_draft if self.compile else max(k.values())  # compiled: the usual chain, cut (one graph)
+        pending = self._pending(ctxs, 0, first.engine.max_draft + 1)
+        if pending is None or n <= 0:
             return row_drafts(ctxs, [], self.slots, k, first.tokens[None, :0], None)
-        feature, logit_input, ready = fed  # (B, H), (B, H), rows with a chain
+        embeds, features, positions, counts, ready, fixed = pending
+        rows = positions.shape[1]
+        ends = torch.zeros(head.rows, dtype=torch.long)  # (B,) each row's committed length T
+        ends[[self.slots[row] for row in ready]] = torch.tensor([ctxs[row].tokens.shape[0] for row in ready])
+        ends = ends.to(device)
+        last = (counts - 1).clamp(min=0).to(device)  # (B,) each batch row's last real pair
+        if self.drafter.tree is not None:
+            return self._trees(ctxs, k, ready, pending, ends, last)
         sampled = self.drafter.sample and not sampling.greedy
         uniforms = row_uniforms({row: ctxs[row] for row in ready}, self.slots, head.rows, n, sampled, device)
-        start = torch.zeros(head.rows, dtype=torch.long)  # (B,) each row's first draft position, T - 1
-        start[[self.slots[row] for row in ready]] = torch.tensor([ctxs[row].tokens.shape[0] - 1 for row in ready])
-        start = start.to(device)
-        alone = torch.ones(head.rows, 1, 1, dtype=torch.bool, device=device)  # (B, 1, 1)
-        state = [feature]
-
-        def advance(i: int, token: torch.Tensor) -> torch.Tensor:
-            fed_back, logit_in = head(min(i + 1, parts.stages - 1), parts.embed(token)[:, None], state[0][:, None],
-                                      (start + i)[:, None], alone)  # (B, 1, H) each
-            state[0] = fed_back[:, 0]
-            return parts.logits(logit_in[:, 0])  # (B, V)
-
-        chain, probs = draft_chains(head, parts.logits(logit_input), advance, sampling, uniforms, n)
+        head.begin(rows + n - 1)
+        _, visible = padded_visible(counts, rows, device)
+        mask = head.mask(visible)  # (B, 1, R, C)
+        self._keep(counts)
+        first_column = torch.tensor(head.base + rows).to(device, non_blocking=True)  # 0-d: the chain's first column
+        chain, probs = head.run(fed_chains, rows + n - 1, fixed, parts.forward, mask, embeds, features, positions,
+                                last, head.valid, first_column, ends - 1, parts.logits, parts.embed, uniforms,
+                                sampling, parts.stages, n)
         return row_drafts(ctxs, ready, self.slots, k, chain, probs)
 
-    def _feed(self, ctxs: dict[int, DraftContext], hold: int, rows: int | None
-              ) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
-        """Feed each row's real pairs not yet cached, but the last `hold`, padded to `rows` per
-        batch row (None: to the most any row has, eagerly, as in a prefill); the rows keep theirs.
-        Returns the head's outputs at each batch row's last fed pair (B, H) each, and the rows fed."""
+    def _trees(self, ctxs: dict[int, DraftContext], k: dict[int, int], ready: list[int], pending: tuple[Any, ...],
+               ends: torch.Tensor, last: torch.Tensor) -> dict[int, Draft]:
+        """Every ready row's EAGLE-2 top-k tree (`topk_trees`) after the catch-up; a row whose
+        budget allows a shallower tree keeps the nodes within its depth."""
+        assert self.parts is not None and self.head is not None and self.drafter.tree is not None
+        head, parts, tree = self.head, self.parts, self.drafter.tree
+        embeds, features, positions, counts, _, fixed = pending
+        rows = positions.shape[1]
+        depth = tree_depth(tree, max(k.values()))
+        head.begin(rows + expansions(tree, depth))  # the expansions' columns follow the catch-up's
+        _, visible = padded_visible(counts, rows, positions.device)
+        fed_back, logit_in = head(0, embeds, features, positions, visible, fixed=fixed)  # (B, R, H) each
+        self._keep(counts)
+        index = last[:, None, None].expand(-1, 1, fed_back.shape[-1])
+        root, root_input = fed_back.gather(1, index)[:, 0], logit_in.gather(1, index)[:, 0]  # (B, H) each
+
+        def expand(e: int, tokens: torch.Tensor, states: tuple[torch.Tensor, ...], positions: torch.Tensor,
+                   mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            out, out_input = head.run(parts.forward, tokens.shape[1], True, mask, min(e, parts.stages - 1),
+                                      parts.embed(tokens), states[0], positions)  # (B, K, H) each
+            return (out,), parts.logits(out_input.reshape(-1, out_input.shape[-1])).reshape(*tokens.shape, -1)
+
+        valid = head.valid
+        tokens, parents = topk_trees(expand, parts.logits(root_input), (root,), lambda e: valid, head.columns.width,
+                                     ends - 2, tree, depth)  # (B, n) each; expansion 1 writes after the catch-up
+        parents_host = parents.tolist()
+        drafts = row_drafts(ctxs, [], self.slots, k, tokens, None)
+        for row in ready:
+            slot, allowed = self.slots[row], tree_depth(tree, k[row])
+            if allowed <= 0:
+                continue
+            count = sum(1 for d in depths(parents_host[slot]) if d <= allowed)  # kept nodes come depth by depth
+            drafts[row] = Draft(tokens[slot, :count], None, tokens.new_tensor(parents_host[slot][:count]))
+        return drafts
+
+    def _pending(self, ctxs: dict[int, DraftContext], hold: int, rows: int | None) -> tuple[Any, ...] | None:
+        """Each row's real pairs not yet cached, but the last `hold`, padded to `rows` per batch
+        row (None: to the most any row has, as in a prefill): embeddings [B, R, H], features
+        [B, R, F], positions [B, R], counts [B] (host), the rows with pairs, and whether the shape
+        is the usual one. None when no row has any."""
         assert self.parts is not None and self.head is not None
         parts, head = self.parts, self.head
         pending = {}
@@ -128,9 +216,8 @@ class FeatureBatch:
         longest = max(pairs[0].shape[0] for pairs in pending.values())
         fixed = rows is not None and longest <= rows
         width = rows if fixed and rows is not None else longest
-        embeds, features, positions = next(iter(pending.values()))
-        batch = head.rows
-        device = embeds.device
+        embeds, features, _ = next(iter(pending.values()))
+        batch, device = head.rows, embeds.device
         embeds_in = embeds.new_zeros(batch, width, embeds.shape[-1])  # (B, R, H)
         features_in = features.new_zeros(batch, width, features.shape[-1])  # (B, R, F)
         positions_in = torch.zeros(batch, width, dtype=torch.long, device=device)  # (B, R)
@@ -142,12 +229,11 @@ class FeatureBatch:
             positions_in[slot, :count] = row_positions
             positions_in[slot, count:] = row_positions[-1]  # the padding: a valid position, seen by nothing
             counts[slot] = count
-        counts_d = counts.to(device)
-        _, visible = padded_visible(counts, width, device)  # (B, R, R)
-        feature, logit_input = head(0, embeds_in, features_in, positions_in, visible, fixed=fixed)
-        kept = [(slot, c) for slot in range(batch) for c in range(int(counts[slot]))]
-        head.keep([slot for slot, _ in kept], [c for _, c in kept])
-        for row, pairs in pending.items():
-            self.cached[row] += pairs[0].shape[0]
-        last = (counts_d - 1).clamp(min=0)[:, None, None].expand(batch, 1, feature.shape[-1])  # (B, 1, H)
-        return feature.gather(1, last)[:, 0], logit_input.gather(1, last)[:, 0], sorted(pending)
+            self.cached[row] += count
+        return embeds_in, features_in, positions_in, counts, sorted(pending), fixed
+
+    def _keep(self, counts: torch.Tensor) -> None:
+        """Each batch row keeps its real pairs among the columns of the catch-up just written."""
+        assert self.head is not None
+        kept = [(slot, c) for slot in range(counts.shape[0]) for c in range(int(counts[slot]))]
+        self.head.keep([slot for slot, _ in kept], [c for _, c in kept])

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from specdec.runtime.batch_cache import BatchCache
-from specdec.runtime.engine import Step
+from specdec.runtime.engine import Step, step_for
 
 __all__ = ["BatchHead", "HeadForward"]
 
@@ -28,9 +28,10 @@ class BatchHead:
     def __init__(self, head: nn.Module, forward: HeadForward, name: str, rows: int, capacity: int,
                  compile: bool, uses: tuple[nn.Module, ...] = ()) -> None:
         first = next(head.parameters())
-        self.head, self.forward, self.dtype = head, forward, first.dtype
+        self.head, self.forward, self.dtype, self.name, self.compile = head, forward, first.dtype, name, compile
         self.columns = BatchCache(head, rows, capacity, first.device)
         self._step = Step(forward, f"{name}, batched", compile, head, uses)
+        self._steps: dict[tuple[Any, ...], Step] = {}
 
     @property
     def rows(self) -> int:
@@ -38,8 +39,13 @@ class BatchHead:
 
     @property
     def base(self) -> int:
-        """The first column of the last forward."""
+        """The first column of the next (or last) forward."""
         return self.columns.base
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """BoolTensor [B, C]: the columns each batch row keeps."""
+        return self.columns.valid
 
     def __call__(self, stage: int, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                  visible: torch.Tensor, fixed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,25 +54,39 @@ class BatchHead:
         ([B, R, R]); `fixed`: a shape of the usual steps (compiled when the generation compiles).
         The new columns are holes until `keep` names them."""
         rows = positions.shape[1]
+        self.begin(rows)
+        return self.run(self.forward, rows, fixed, self.mask(visible), stage, embeds, features, positions)
+
+    def begin(self, rows: int) -> None:
+        """Ready forwards of `rows` new columns in all: compact first when they would not fit."""
         self.columns.begin(rows)
-        kv = self.columns.kv
-        kv.reserve(rows)
+        self.columns.kv.reserve(rows)
+
+    def mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """The additive mask [B, 1, R, C] of R new rows written at `base`: each sees its batch row's
+        kept columns and the new rows visible [B, R, R] names."""
         seen = self.columns.seen(visible)  # (B, R, C)
         mask = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device)
-        mask = mask.masked_fill_(~seen, torch.finfo(self.dtype).min)[:, None]  # (B, 1, R, C)
-        args: tuple[Any, ...] = (kv.cache, mask, stage, embeds, features, positions)
+        return mask.masked_fill_(~seen, torch.finfo(self.dtype).min)[:, None]
+
+    def run(self, fn: Callable[..., Any], rows: int, fixed: bool, *args: Any) -> Any:
+        """`fn(head, cache, *args)`, which writes `rows` columns from `base` on (after `begin`): one
+        forward, or a forward and a draft loop as one step; compiled when `fixed` (a usual shape)
+        and the generation compiles, one graph per function and shapes."""
+        kv = self.columns.kv
         # a first write allocates the cache (never compiled); a prefill's shape varies
-        out = self._step(*args) if fixed and kv.initialized else self.forward(self.head, *args)
+        if fixed and kv.initialized:
+            step = self._step if fn is self.forward else \
+                step_for(self._steps, fn, f"{self.name}'s batched draft", self.compile, self.head, args)
+            out = step(kv.cache, *args)
+        else:
+            out = fn(self.head, kv.cache, *args)
         kv.advanced(rows)
         return out
 
     def keep(self, rows: list[int], columns: list[int]) -> None:
         """Batch row rows[i] keeps the new column base + columns[i] of the last forward."""
         self.columns.keep(rows, columns)
-
-    def release(self, rows: list[int], columns: list[int]) -> None:
-        """Batch row rows[i] gives back column columns[i] (absolute)."""
-        self.columns.release(rows, columns)
 
     def select(self, rows: list[int]) -> None:
         """Keep the batch rows `rows` only, in that order."""

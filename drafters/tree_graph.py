@@ -24,7 +24,7 @@ import torch
 
 from specdec.drafters.tree_search import DynamicTree
 
-__all__ = ["TreeExpand", "expansions", "topk_tree", "tree_depth"]
+__all__ = ["TreeExpand", "TreesExpand", "expansions", "topk_tree", "topk_trees", "tree_depth"]
 
 # expand(e, tokens [K], states (tuple of [K, ...]), positions [K], mask [1, 1, K, W]) -> (states, logits [K, V]):
 # the drafter's forward of the K chosen nodes of expansion e (1-based), appending K cache entries
@@ -47,9 +47,10 @@ def _log_values(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def _best(values: torch.Tensor, count: int) -> torch.Tensor:
-    """Indices of the `count` largest values [M], ties to the lower index, in ascending order."""
-    order = torch.sort(values, descending=True, stable=True).indices[:count]
-    return torch.sort(order).values
+    """Indices of the `count` largest values along the last dimension ([.., M]), ties to the lower
+    index, in ascending order: [.., count]."""
+    order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :count]
+    return torch.sort(order, dim=-1).values
 
 
 def topk_tree(expand: TreeExpand, root_logits: torch.Tensor, root_states: tuple[torch.Tensor, ...],
@@ -64,41 +65,78 @@ def topk_tree(expand: TreeExpand, root_logits: torch.Tensor, root_states: tuple[
     Returns tokens [n] and parents [n] (-1 = the root), n = min(total_tokens, nodes made).
     """
     k = tree.top_k
+
+    def committed(e: int) -> torch.Tensor:  # (1, W): the committed entries every node sees
+        columns = torch.arange(width if width is not None else int(real) + e * k, device=root_logits.device)
+        return (columns < real)[None]
+
+    def one(e: int, tokens: torch.Tensor, states: tuple[torch.Tensor, ...], positions: torch.Tensor,
+            mask: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        out, logits = expand(e, tokens[0], tuple(state[0] for state in states), positions[0], mask)
+        return tuple(state[None] for state in out), logits[None]
+
+    tokens, parents = topk_trees(one, root_logits[None], root_states, committed, real, start[None], tree, depth)
+    return tokens[0], parents[0]
+
+
+# expand(e, tokens [B, K], states (tuple of [B, K, ...]), positions [B, K], mask [B, 1, K, W]) ->
+# (states, logits [B, K, V]): the drafter's forward of each batch row's K chosen nodes of expansion e
+TreesExpand = Callable[[int, torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor],
+                       tuple[tuple[torch.Tensor, ...], torch.Tensor]]
+
+
+def topk_trees(expand: TreesExpand, root_logits: torch.Tensor, root_states: tuple[torch.Tensor, ...],
+               committed: Callable[[int], torch.Tensor], base: torch.Tensor | int, start: torch.Tensor,
+               tree: DynamicTree, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`topk_tree` for B rows at once: each row's tree from its root's logits [B, V] and states
+    ([B, ...] each). committed(e): the columns every node of expansion e sees in each row [B, W]
+    (its committed entries); base: the column of expansion 1's first row (expansion e writes its
+    K rows at base + (e - 1) * K + slot in every row); start [B]: each row's position before
+    depth 1. Returns tokens [B, n] and parents [B, n]."""
+    k = tree.top_k
     device = root_logits.device
+    batch = root_logits.shape[0]
     dtype = root_states[0].dtype
-    best, ids = _log_values(root_logits, tree.value_temperature).topk(k)  # (K,) each
+    best, ids = _log_values(root_logits, tree.value_temperature).topk(k, dim=-1)  # (B, K) each
     tokens, values = [ids], [best]
-    parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
-    frontier = torch.arange(k, device=device)  # the nodes expanded next (their ids)
-    frontier_tokens, frontier_values = ids, best  # (K,) each
-    states = tuple(state.expand(k, *state.shape[1:]) for state in root_states)  # the parents' states
-    ancestors = torch.empty(k, 0, dtype=torch.long, device=device)  # (K, e - 1) cache columns of each row's ancestors
+    parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
+    frontier = torch.arange(k, device=device).expand(batch, k)  # (B, K) the nodes expanded next (their ids)
+    frontier_tokens, frontier_values = ids, best  # (B, K) each
+    states = tuple(state[:, None].expand(batch, k, *state.shape[1:]) for state in root_states)  # the parents' states
+    ancestors = torch.empty(batch, k, 0, dtype=torch.long, device=device)  # (B, K, e - 1) cache columns of ancestors
     made = k
     for e in range(1, depth):
-        own = real + (e - 1) * k + torch.arange(k, device=device)  # (K,) this expansion's cache columns
-        columns = torch.arange(width if width is not None else int(real) + e * k, device=device)  # (W,)
-        visible = (columns[None] < real) | (columns[None] == own[:, None])  # (K, W)
-        visible = visible | (columns[None, None] == ancestors[:, :, None]).any(dim=1)
-        mask = torch.zeros(k, columns.shape[0], dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
-        positions = (start + e).expand(k)  # (K,)
-        states, logits = expand(e, frontier_tokens, states, positions, mask[None, None])
-        best, ids = _log_values(logits, tree.value_temperature).topk(k, dim=-1)  # (K, K) each
-        child_values = (frontier_values[:, None] + best).reshape(-1)  # (K * K,), parent by parent
-        child_tokens = ids.reshape(-1)
+        own = base + (e - 1) * k + torch.arange(k, device=device)  # (K,) this expansion's cache columns
+        seen = committed(e)  # (B, W)
+        columns = torch.arange(seen.shape[1], device=device)  # (W,)
+        visible = seen[:, None, :] | (columns[None, None] == own[None, :, None])  # (B, K, W)
+        visible = visible | (columns[None, None, None] == ancestors[..., None]).any(dim=2)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)
+        positions = (start[:, None] + e).expand(batch, k)  # (B, K)
+        states, logits = expand(e, frontier_tokens, states, positions, mask[:, None])
+        best, ids = _log_values(logits, tree.value_temperature).topk(k, dim=-1)  # (B, K, K) each
+        child_values = (frontier_values[:, :, None] + best).reshape(batch, -1)  # (B, K * K), parent by parent
+        child_tokens = ids.reshape(batch, -1)
         tokens.append(child_tokens)
         values.append(child_values)
-        parents.append(frontier.repeat_interleave(k))
+        parents.append(frontier.repeat_interleave(k, dim=1))
         if e + 1 < depth:  # the next expansion's nodes: the best k children, in creation order
-            chosen = _best(child_values, k)  # (K,) among the children
+            chosen = _best(child_values, k)  # (B, K) among the children
             slot = chosen // k  # the frontier row each was made from
             frontier = made + chosen
-            frontier_tokens, frontier_values = child_tokens[chosen], child_values[chosen]
-            states = tuple(state[slot] for state in states)
-            ancestors = torch.cat([ancestors[slot], own[slot, None]], dim=1)
+            frontier_tokens, frontier_values = child_tokens.gather(1, chosen), child_values.gather(1, chosen)
+            states = tuple(_rows(state, slot) for state in states)
+            ancestors = torch.cat([_rows(ancestors, slot), own[slot][..., None]], dim=2)
         made += k * k
-    all_tokens, all_values, all_parents = torch.cat(tokens), torch.cat(values), torch.cat(parents)  # (M,) each
-    kept = _best(all_values, min(tree.total_tokens, made))  # (n,)
-    place = torch.full((made,), -1, dtype=torch.long, device=device)
-    place = place.scatter(0, kept, torch.arange(kept.shape[0], device=device))
-    parent = all_parents[kept]
-    return all_tokens[kept], torch.where(parent >= 0, place[parent.clamp(min=0)], -1)
+    all_tokens, all_values, all_parents = torch.cat(tokens, 1), torch.cat(values, 1), torch.cat(parents, 1)  # (B, M)
+    kept = _best(all_values, min(tree.total_tokens, made))  # (B, n)
+    place = torch.full((batch, made), -1, dtype=torch.long, device=device)
+    place = place.scatter(1, kept, torch.arange(kept.shape[1], device=device).expand(batch, -1))
+    parent = all_parents.gather(1, kept)
+    return all_tokens.gather(1, kept), torch.where(parent >= 0, place.gather(1, parent.clamp(min=0)), -1)
+
+
+def _rows(state: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """state [B, K, ...] at the rows index [B, K] names, per batch row."""
+    shape = index.shape + state.shape[2:]
+    return state.gather(1, index.reshape(*index.shape, *([1] * (state.dim() - 2))).expand(shape))

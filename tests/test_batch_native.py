@@ -137,8 +137,9 @@ def test_settings_a_form_does_not_serve_run_row_by_row(zoo_parts, monkeypatch):
     monkeypatch.setattr("specdec.decoding.generate_batch.batched",
                         lambda *args: forms.append(made(*args)) or forms[-1])
     tree = specdec.make_drafter("eagle3", **options["eagle3"], tree=True)
-    batch = specdec.generate_batch(model, prompts[:2], drafter=tree, max_new_tokens=8)
-    assert not forms[-1].native and len(batch) == 2
+    sampled = Sampling(temperature=0.8)
+    batch = specdec.generate_batch(model, prompts[:2], drafter=tree, max_new_tokens=8, sampling=sampled)
+    assert not forms[-1].native and len(batch) == 2, "a tree of sampled siblings drafts row by row"
     penalised = Sampling(temperature=0.0, repetition_penalty=1.3)
     batch = specdec.generate_batch(model, prompts[:2], drafter=specdec.make_drafter("eagle3", **options["eagle3"]),
                                    max_new_tokens=8, sampling=penalised)
@@ -158,3 +159,40 @@ def test_a_sampled_row_draws_its_batch_1_draft(zoo_parts, name):
         alone = specdec.generate(model, prompt, drafter=specdec.make_drafter(name, **options[name]),
                                  max_new_tokens=NEW, sampling=sampling, seed=11 + row)
         assert batch[row].tokens == alone.tokens, f"row {row}: its draws should be its batch-1 draws"
+
+
+@pytest.mark.parametrize("name", ["eagle3", "mtp", "eagle"])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, compile, monkeypatch):
+    model, prompts, options = zoo_parts
+    if name not in options:
+        pytest.skip(f"the quick zoo has no {name}")
+    if compile and name != "eagle3":
+        pytest.skip("one compiled case is enough")
+    forms: list[Any] = []
+    made = batch_drafters.batched
+    monkeypatch.setattr("specdec.decoding.generate_batch.batched",
+                        lambda *args: forms.append(made(*args)) or forms[-1])
+    shapes: list[tuple[int, int]] = []
+    original = BatchHead.run
+
+    def counting(self, fn, rows, fixed, *args):  # type: ignore[no-untyped-def]
+        shapes.append((self.rows, rows))
+        return original(self, fn, rows, fixed, *args)
+
+    monkeypatch.setattr(BatchHead, "run", counting)
+    settings = {**options[name], "tree": True, "top_k": 3, "total_tokens": 10}
+    batch = specdec.generate_batch(model, prompts, drafter=specdec.make_drafter(name, **settings),
+                                   max_new_tokens=NEW, compile=compile)
+    assert forms[0].native, f"{name}'s top-k tree should draft the batch natively"
+    depth = 4  # the loop's k
+    assert shapes and len(shapes) <= 1 + batch.totals.steps * depth, "a catch-up and k - 1 expansions a step"
+    assert any(rows == 3 for _, rows in shapes), "an expansion runs top_k rows for every batch row at once"
+    assert max(batch_rows for batch_rows, _ in shapes) == len(prompts)
+    for row, prompt in enumerate(prompts):
+        alone = specdec.generate(model, prompt, drafter=specdec.make_drafter(name, **settings), max_new_tokens=NEW,
+                                 compile=compile)
+        assert batch[row].tokens == alone.tokens, f"{name}: row {row} differs from its batch-1 decoding"
+        # the same trees: the same nodes accepted (a row's last, budget-cut tree keeps the nodes within its depth)
+        assert batch[row].stats.accepted == alone.stats.accepted, f"{name}: row {row} accepts other nodes"
+    assert batch.totals.accepted > 0
