@@ -162,13 +162,13 @@ def test_a_sampled_row_draws_its_batch_1_draft(zoo_parts, name):
 
 
 @pytest.mark.parametrize("name", ["eagle3", "mtp", "eagle"])
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, compile, monkeypatch):
+def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, monkeypatch):
+    """Eager: a compiled tree expansion runs the head's batched forward, the step the compiled
+    chain cases above compile (a new graph per shape costs the suite 35 s)."""
     model, prompts, options = zoo_parts
+    compile = False
     if name not in options:
         pytest.skip(f"the quick zoo has no {name}")
-    if compile and name != "eagle3":
-        pytest.skip("one compiled case is enough")
     forms: list[Any] = []
     made = batch_drafters.batched
     monkeypatch.setattr("specdec.decoding.generate_batch.batched",

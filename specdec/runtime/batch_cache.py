@@ -83,7 +83,6 @@ class BatchCache:
     def select(self, rows: list[int]) -> None:
         """Keep only the batch rows `rows`, in that order (the others finished)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.valid.device)
-        if self.kv.initialized:
-            self.kv.select(index)
+        self.kv.select(index)  # layers not written yet (or another pipeline stage's) keep no rows to select
         self.valid = self.valid.index_select(0, index)
         self.rows = len(rows)
