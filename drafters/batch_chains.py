@@ -3,8 +3,9 @@
 chain loop of one forward per depth with its draft entries given back, each row's draft, and the
 shrinking of a batch cache to the rows still decoding.
 
-A batch cache here is a `BatchHead` or a `BatchLM`: it has `rows`, `base` (the first column of
-its last forward), `keep(rows, columns)`, `release(rows, columns)` and `select(rows)`.
+A batch cache here is a `BatchHead` (`shrink`) or a `BatchLM` (`shrink`, `draft_chains`): it has
+`rows` and `select(rows)`, and a `BatchLM` `base` (the first column of its last forward),
+`keep(rows, columns)` and `release(rows, columns)`.
 """
 
 from __future__ import annotations

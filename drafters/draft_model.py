@@ -172,7 +172,7 @@ class DraftModelDrafter:
 
     def batch_form(self, rows: int) -> DraftModelBatch:
         """Its batched form (`specdec.drafters.draft_model_batch`): every row's chain in one forward per depth."""
-        return DraftModelBatch(self, rows)
+        return DraftModelBatch(self)
 
     def prefill(self, ctx: DraftContext) -> None:
         self.setup(ctx)

@@ -35,10 +35,10 @@ HOLE_ROOM = 128  # cache columns beyond the generation and a step's draft rows, 
 
 
 class DraftModelBatch:
-    """The batched form of a `DraftModelDrafter` for `rows` rows."""
+    """The batched form of a `DraftModelDrafter`."""
 
-    def __init__(self, drafter: Any, rows: int) -> None:
-        self.drafter, self.rows = drafter, rows
+    def __init__(self, drafter: Any) -> None:
+        self.drafter = drafter
         self.lm: BatchLM | None = None
         self.slots: dict[int, int] = {}  # row -> its batch row in the draft model's cache
         self.cached: dict[int, int] = {}  # row -> committed ids its cache holds
@@ -108,8 +108,7 @@ class DraftModelBatch:
             counts[slot], ends[slot] = count, start + count
         real, visible = padded_visible(counts, width, device, right=True)  # (B, R), (B, R, R)
         out, _ = lm.forward(ids, positions.to(device), visible, keep=1, fixed=width == rows)
-        kept = real.nonzero().tolist()
-        lm.keep([slot for slot, _ in kept], [column for _, column in kept])
+        lm.columns.keep_new(real)
         for row, row_ids in pending.items():
             self.cached[row] += row_ids.shape[0]
         return out[:, -1], ends.to(device)

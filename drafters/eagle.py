@@ -207,7 +207,7 @@ class EagleDrafter:
 
     def batch_form(self, rows: int) -> FeatureBatch:
         """Its batched form (`specdec.drafters.feature_batch`): every row's chain in one forward per depth."""
-        return FeatureBatch(self, rows)
+        return FeatureBatch(self)
 
     def batch_parts(self, ctx: DraftContext) -> FeatureParts:
         self._setup(ctx)

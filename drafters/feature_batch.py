@@ -100,8 +100,8 @@ class FeatureBatch:
     """The batched form of `drafter`, which defines `batch_parts(ctx) -> FeatureParts` (checking
     that its head fits the target and moving it there) and has `tree` and `sample` settings."""
 
-    def __init__(self, drafter: Any, rows: int) -> None:
-        self.drafter, self.rows = drafter, rows
+    def __init__(self, drafter: Any) -> None:
+        self.drafter = drafter
         self.parts: FeatureParts | None = None
         self.head: BatchHead | None = None
         self.slots: dict[int, int] = {}  # row -> its batch row in the head's cache
@@ -130,9 +130,9 @@ class FeatureBatch:
         pending = self._pending(ctxs, PREFILL_HOLD, None)  # the last pair waits for the first draft
         if pending is not None:
             embeds, features, positions, counts, _, fixed = pending
-            _, visible = padded_visible(counts, positions.shape[1], positions.device)
+            real, visible = padded_visible(counts, positions.shape[1], positions.device)
             self.head(0, embeds, features, positions, visible, fixed=fixed)
-            self._keep(counts)
+            self.head.columns.keep_new(real)
 
     def propose_batch(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
         assert self.parts is not None and self.head is not None
@@ -155,9 +155,9 @@ class FeatureBatch:
         sampled = self.drafter.sample and not sampling.greedy
         uniforms = row_uniforms({row: ctxs[row] for row in ready}, self.slots, head.rows, n, sampled, device)
         head.begin(rows + n - 1)
-        _, visible = padded_visible(counts, rows, device)
+        real, visible = padded_visible(counts, rows, device)
         mask = head.mask(visible)  # (B, 1, R, C)
-        self._keep(counts)
+        head.columns.keep_new(real)
         first_column = torch.tensor(head.base + rows).to(device, non_blocking=True)  # 0-d: the chain's first column
         chain, probs = head.run(fed_chains, rows + n - 1, fixed, parts.forward, mask, embeds, features, positions,
                                 last, head.valid, first_column, ends - 1, parts.logits, parts.embed, uniforms,
@@ -174,9 +174,9 @@ class FeatureBatch:
         rows = positions.shape[1]
         depth = tree_depth(tree, max(k.values()))
         head.begin(rows + expansions(tree, depth))  # the expansions' columns follow the catch-up's
-        _, visible = padded_visible(counts, rows, positions.device)
+        real, visible = padded_visible(counts, rows, positions.device)
         fed_back, logit_in = head(0, embeds, features, positions, visible, fixed=fixed)  # (B, R, H) each
-        self._keep(counts)
+        head.columns.keep_new(real)
         index = last[:, None, None].expand(-1, 1, fed_back.shape[-1])
         root, root_input = fed_back.gather(1, index)[:, 0], logit_in.gather(1, index)[:, 0]  # (B, H) each
 
@@ -231,9 +231,3 @@ class FeatureBatch:
             counts[slot] = count
             self.cached[row] += count
         return embeds_in, features_in, positions_in, counts, sorted(pending), fixed
-
-    def _keep(self, counts: torch.Tensor) -> None:
-        """Each batch row keeps its real pairs among the columns of the catch-up just written."""
-        assert self.head is not None
-        kept = [(slot, c) for slot in range(counts.shape[0]) for c in range(int(counts[slot]))]
-        self.head.keep([slot for slot, _ in kept], [c for _, c in kept])

@@ -26,11 +26,11 @@ class BatchHead:
     """`forward` of `head` on a batch cache of `rows` rows and `capacity` columns."""
 
     def __init__(self, head: nn.Module, forward: HeadForward, name: str, rows: int, capacity: int,
-                 compile: bool, uses: tuple[nn.Module, ...] = ()) -> None:
+                 compile: bool) -> None:
         first = next(head.parameters())
         self.head, self.forward, self.dtype, self.name, self.compile = head, forward, first.dtype, name, compile
         self.columns = BatchCache(head, rows, capacity, first.device)
-        self._step = Step(forward, f"{name}, batched", compile, head, uses)
+        self._step = Step(forward, f"{name}, batched", compile, head)
         self._steps: dict[tuple[Any, ...], Step] = {}
 
     @property
@@ -83,10 +83,6 @@ class BatchHead:
             out = fn(self.head, kv.cache, *args)
         kv.advanced(rows)
         return out
-
-    def keep(self, rows: list[int], columns: list[int]) -> None:
-        """Batch row rows[i] keeps the new column base + columns[i] of the last forward."""
-        self.columns.keep(rows, columns)
 
     def select(self, rows: list[int]) -> None:
         """Keep the batch rows `rows` only, in that order."""

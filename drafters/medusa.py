@@ -306,7 +306,7 @@ class MedusaDrafter:
 
     def batch_form(self, rows: int) -> MedusaBatch:
         """The batched form for `rows` rows (`MedusaBatch`): one pass of the heads per batch step."""
-        return MedusaBatch(self, rows)
+        return MedusaBatch(self)
 
     def prefill(self, ctx: DraftContext) -> None:
         _fit_heads(self.heads, self.file, ctx)
@@ -400,8 +400,8 @@ class MedusaBatch:
     draws them), or a deterministic tree (one top-k for all rows). Sampled trees, and sampled
     chains whose sampling reads the prefix, it leaves to one drafter per row (`serves`)."""
 
-    def __init__(self, drafter: MedusaDrafter, rows: int) -> None:
-        self.drafter, self.rows = drafter, rows
+    def __init__(self, drafter: MedusaDrafter) -> None:
+        self.drafter = drafter
         self._last: dict[int, torch.Tensor] = {}  # row -> (1, H) hidden state of its tokens[-2]
         self._step = Step(_heads_forward, "the Medusa heads", False, drafter.heads)
 

@@ -62,6 +62,11 @@ class BatchCache:
         """Row rows[i] keeps the new column base + columns[i] of the last forward."""
         self._mark(rows, [self.base + column for column in columns], True)
 
+    def keep_new(self, real: torch.Tensor) -> None:
+        """Each row keeps the new columns of the last forward that real [B, R] marks (a padded
+        forward's real rows), all at once on the device."""
+        self.valid[:, self.base : self.base + real.shape[1]] |= real
+
     def release(self, rows: list[int], columns: list[int]) -> None:
         """Row rows[i] gives back column columns[i] (absolute, as `width` counts): a hole from now on."""
         self._mark(rows, columns, False)

@@ -121,8 +121,7 @@ class BatchLM:
         eye = torch.eye(width, dtype=torch.bool, device=device)
         visible = (causal[None] & real[:, None, :]) | (eye[None] & ~real[:, :, None])  # (B, P, P)
         _, states = self.forward(ids, positions, visible, hidden, fixed=False, keep=1, padding=real)
-        where = real.nonzero().tolist()
-        self.columns.keep([b for b, _ in where], [c for _, c in where])
+        self.columns.keep_new(real)
         return states
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, hidden: tuple[int, ...] = (),
