@@ -1,9 +1,10 @@
 """A chat corpus a target writes itself, for training its drafters offline.
 
 A drafter learns the target's distributions over whatever text it is shown, so the text should be
-what the drafter will see at decode time: the target's own answers, through its chat template.
-That is how EAGLE and Medusa-2 train (Li et al. 2024, "EAGLE", §4, regenerating ShareGPT answers
-with the target; Cai et al. 2024, "Medusa", §3.2.1, self-distillation). Without a hub, the
+what the drafter will see at decode time: the target's own answers, through its chat template
+(Cai et al. 2024, "Medusa", §3.2.1, self-distillation; EAGLE's recipes regenerate chat datasets'
+answers with the target for the same reason, though Li et al. 2024 found EAGLE-1 tolerant of a
+fixed ShareGPT set). Without a hub, the
 requests are made here: the summary line of each standard-library module (its docstring's first
 line) put into instruction templates that span the kinds of request a chat benchmark asks
 (writing, explaining, role play, reasoning, code, summarising a passage, arithmetic), and the
