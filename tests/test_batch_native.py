@@ -167,7 +167,6 @@ def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, m
     """Eager: a compiled tree expansion runs the head's batched forward, the step the compiled
     chain cases above compile (a new graph per shape costs the suite 35 s)."""
     model, prompts, options = zoo_parts
-    compile = False
     if name not in options:
         pytest.skip(f"the quick zoo has no {name}")
     forms = _forms(monkeypatch)
@@ -181,15 +180,14 @@ def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, m
     monkeypatch.setattr(BatchHead, "run", counting)
     settings = {**options[name], "tree": True, "top_k": 3, "total_tokens": 10}
     batch = specdec.generate_batch(model, prompts, drafter=specdec.make_drafter(name, **settings),
-                                   max_new_tokens=NEW, compile=compile)
+                                   max_new_tokens=NEW)
     assert forms[0].native, f"{name}'s top-k tree should draft the batch natively"
     depth = 4  # the loop's k
     assert shapes and len(shapes) <= 1 + batch.totals.steps * depth, "a catch-up and k - 1 expansions a step"
     assert any(rows == 3 for _, rows in shapes), "an expansion runs top_k rows for every batch row at once"
     assert max(batch_rows for batch_rows, _ in shapes) == len(prompts)
     for row, prompt in enumerate(prompts):
-        alone = specdec.generate(model, prompt, drafter=specdec.make_drafter(name, **settings), max_new_tokens=NEW,
-                                 compile=compile)
+        alone = specdec.generate(model, prompt, drafter=specdec.make_drafter(name, **settings), max_new_tokens=NEW)
         assert batch[row].tokens == alone.tokens, f"{name}: row {row} differs from its batch-1 decoding"
         # the same trees: the same nodes accepted (a row's last, budget-cut tree keeps the nodes within its depth)
         assert batch[row].stats.accepted == alone.stats.accepted, f"{name}: row {row} accepts other nodes"

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from specdec.bench.real import prepared_target
 
@@ -38,7 +39,7 @@ class CorpusBudget:
 CORPUS = CorpusBudget()
 
 
-def _budgets() -> dict[str, object]:
+def _budgets() -> dict[str, Any]:
     from specdec.training.draft_model import DraftSize
     from specdec.training.optim import Steps
     from specdec.training.run import TrainSettings
@@ -84,7 +85,7 @@ def train_for_real(out: Path, kinds: Sequence[str] = BUDGETS, cache: Path | None
     """Train `kinds` for SmolLM2 into out/KIND (a kind already there is kept, not retrained) and
     write out/training.json: the corpus, each stage's seconds and budget, each drafter's held-out
     figures. Returns that record."""
-    from specdec.training.run import REPORT, train_drafter
+    from specdec.training.run import train_drafter
 
     unknown = [kind for kind in kinds if kind not in BUDGETS]
     if unknown:
@@ -102,16 +103,14 @@ def train_for_real(out: Path, kinds: Sequence[str] = BUDGETS, cache: Path | None
         if (out / kind).is_dir():
             log(f"{out / kind} is there; kept")
             continue
-        start = time.perf_counter()
-        train_drafter(kind, target, [corpus], out / kind, budgets[kind], show_progress=show_progress, log=log)
+        settings, start = budgets[kind], time.perf_counter()
+        report = train_drafter(kind, target, [corpus], out / kind, settings, show_progress=show_progress, log=log)
         seconds = time.perf_counter() - start
-        report = json.loads((out / kind / REPORT).read_text())
-        record["stages"][kind] = {"seconds": round(seconds, 1), "settings": report["settings"],
-                                  "heldout": report["heldout"], "k": report["k"],
-                                  "mean_accepted_length": report["mean_accepted_length"],
-                                  "acceptance_rate": report["acceptance_rate"], "train_tokens": report["train_tokens"]}
-        log(f"{kind}: {seconds / 60:.1f} min, held-out mean accepted length {report['mean_accepted_length']:.2f} "
-            f"(greedy, k = {report['k']})")
+        record["stages"][kind] = {"seconds": round(seconds, 1), "settings": asdict(settings), "heldout": report.heldout,
+                                  "k": settings.k, "mean_accepted_length": report.mean_accepted_length,
+                                  "acceptance_rate": report.acceptance_rate, "train_tokens": report.train_tokens}
+        log(f"{kind}: {seconds / 60:.1f} min, held-out mean accepted length {report.mean_accepted_length:.2f} "
+            f"(greedy, k = {settings.k})")
         record_file.write_text(json.dumps(record, indent=2) + "\n")
     record_file.write_text(json.dumps(record, indent=2) + "\n")
     return record
