@@ -1,21 +1,24 @@
-"""The builtin drafters, one module each (with the helpers they share), registered through the
-same hook as third-party plugins; they may import `specdec.types`, `specdec.trees`,
+"""The builtin drafters, grouped by family (`model_free`, `draft_models`, `feature_heads`, with
+`tree_search` and `shared` helpers beside them), one module per drafter, registered through the
+same hook as third-party plugins; they may import `specdec.drafters.model_free`,
+`specdec.drafters.draft_models`, `specdec.drafters.feature_heads`, `specdec.drafters.tree_search`,
+`specdec.drafters.shared`, `specdec.types`, `specdec.trees`,
 `specdec.sampling`, `specdec.protocols`, `specdec.hookspecs`, `specdec.checkpoints`,
 `specdec.runtime`, `specdec.distributed`, `specdec.data` (the retrieval datastore and the self
 drafter's calibration text) and `specdec.vocab` (a draft model with another tokenizer)."""
 
 from __future__ import annotations
 
-from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle3 import Eagle3Drafter
-from specdec.drafters.lookahead import LookaheadDrafter
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.mtp import MtpDrafter
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.retrieval import RetrievalDrafter
-from specdec.drafters.self_draft import SelfDrafter
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.draft_models.draft_model import DraftModelDrafter
+from specdec.drafters.feature_heads.eagle import EagleDrafter
+from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+from specdec.drafters.model_free.lookahead import LookaheadDrafter
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.mtp import MtpDrafter
+from specdec.drafters.model_free.ngram import NgramDrafter
+from specdec.drafters.model_free.retrieval import RetrievalDrafter
+from specdec.drafters.draft_models.self_draft import SelfDrafter
+from specdec.drafters.model_free.suffix import SuffixDrafter
 from specdec.hookspecs import hookimpl
 from specdec.protocols import Drafter
 

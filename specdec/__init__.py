@@ -5,11 +5,10 @@ Importing specdec loads no plugins, models or files; the registry loads on first
 
 from __future__ import annotations
 
-from specdec.decoding.generate import generate
-from specdec.decoding.generate_batch import generate_batch
+from specdec.decoding.generate import generate, generate_batch
 from specdec.hookspecs import hookimpl
 from specdec.plugins import drafter_names, make_drafter
-from specdec.protocols import DraftContext, Drafter
+from specdec.protocols import Capability, DraftContext, Drafter
 from specdec.runtime.target import CausalLM
 from specdec.sampling import probabilities
 from specdec.types import BatchGenerations, Draft, ExtraRows, Generation, Sampling, Stats, Verdict
@@ -18,6 +17,7 @@ from specdec.versions import __version__
 
 __all__ = [
     "BatchGenerations",
+    "Capability",
     "CausalLM",
     "Draft",
     "DraftContext",

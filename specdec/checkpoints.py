@@ -7,9 +7,17 @@ through `specdec.gguf`. Hub ids go through huggingface_hub's `snapshot_download`
 HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set; the cache directory and offline mode are read
 from the environment at each call, not when huggingface_hub was imported.
 
+A hub repository is never fetched whole: each caller names the files its checkpoint needs, as
+glob patterns (`files=`, huggingface_hub's `allow_patterns`): `MODEL_FILES` for a transformers
+causal LM (the default), `TOKENIZER_FILES` for a tokenizer, and each drafter's loader its own
+(`specdec.drafters.feature_heads.medusa.HUB_FILES`, `specdec.drafters.feature_heads.weights.HEAD_FILES`,
+`specdec.drafters.feature_heads.mtp_files.MTP_FILES`). PyTorch pickles among them (`*.bin`, `*.pt` and their
+indexes) are fetched only from a repository that has no safetensors file among them, so a
+repository that ships both formats is not downloaded twice.
+
 Checkpoints that carry extra modules (an MTP module's `mtp.*` tensors beside the model's own)
 load fine, but transformers prints a load report for the keys it does not use and progress
-bars for every shard. specdec reads those keys itself (`specdec.drafters.mtp`), so the report
+bars for every shard. specdec reads those keys itself (`specdec.drafters.feature_heads.mtp`), so the report
 is noise: these loaders raise transformers' log level to errors while they run.
 """
 
@@ -18,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +36,21 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from specdec.distributed.sharding import check_tensor_parallel
 from specdec.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
 
-__all__ = ["hub_cache_dir", "hub_offline", "is_gguf", "load_causal_lm", "load_tokenizer", "quiet_transformers",
-           "resolve_checkpoint"]
+__all__ = ["MODEL_FILES", "TOKENIZER_FILES", "hub_cache_dir", "hub_offline", "is_gguf", "load_causal_lm",
+           "load_tokenizer", "quiet_transformers", "resolve_checkpoint"]
 
 # org/name, optionally @revision (a branch, tag or commit hash)
 _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?")
+
+# What AutoTokenizer reads: the tokenizer's own files (fast, sentencepiece, BPE, tiktoken), its
+# chat templates, and the config that names its class.
+TOKENIZER_FILES = ("config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*",
+                   "merges.txt", "*.model", "*.tiktoken", "chat_template.*", "additional_chat_templates/*")
+# What AutoModelForCausalLM reads, and its tokenizer: the config, the generation config and the
+# weights in transformers' names (single or sharded with their index), safetensors else PyTorch.
+MODEL_FILES = ("generation_config.json", "model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+               "pytorch_model.bin.index.json", *TOKENIZER_FILES)
+_PICKLES = (".bin", ".pt", ".pth")  # weight files (and their indexes) fetched only where no safetensors file is
 
 
 def hub_cache_dir() -> Path:
@@ -50,14 +68,17 @@ def hub_offline() -> bool:
     return value.strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
-def resolve_checkpoint(name: str | Path, what: str) -> Path:
+def resolve_checkpoint(name: str | Path, what: str, files: Sequence[str] = MODEL_FILES) -> Path:
     """The local directory holding the checkpoint `name`: an existing directory as is, a GGUF file
     (`specdec.gguf.is_gguf`) as is, else the hub cache's snapshot of the hub id
-    `org/name[@revision]` (downloaded unless offline).
+    `org/name[@revision]`, holding the repository's files that match the glob patterns `files`
+    (downloaded unless offline; see the module docstring for pickles).
 
     Raises FileNotFoundError saying where it looked and what to do; `what` names the checkpoint
     in the message ("target", "medusa heads", ...).
     """
+    if isinstance(files, str) or not files:
+        raise ValueError(f"files must be a non-empty sequence of glob patterns, got {files!r}")
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -72,13 +93,12 @@ def resolve_checkpoint(name: str | Path, what: str) -> Path:
         raise FileNotFoundError(f"{what} {text!r} is not a directory (looked for {str(path.absolute())!r}; so no "
                                 "config.json) and not a hub id of the form org/name or org/name@revision; pass a "
                                 "checkpoint directory or a hub id")
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import EntryNotFoundError
 
     repo, revision = match["repo"], match["revision"]
     cache, offline = hub_cache_dir(), hub_offline()
     try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline))
+        return _snapshot(repo, revision, files, cache, offline)
     except (OSError, ValueError, EntryNotFoundError) as error:
         mode = ("on: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set" if offline
                 else f"off; the hub answered: {' '.join(str(error).split())[:300].rstrip('.')}")
@@ -88,6 +108,25 @@ def resolve_checkpoint(name: str | Path, what: str) -> Path:
             f"checkpoint directory, or fill that cache with `hf download {repo}` (on a machine with network, "
             "then copy the cache)" + (", or unset HF_HUB_OFFLINE to download it now" if offline else "")
         ) from error
+
+
+def _snapshot(repo: str, revision: str | None, files: Sequence[str], cache: Path, offline: bool) -> Path:
+    """The snapshot of `repo` holding its `files`: the pickles among them only where the others
+    bring no safetensors file."""
+    from huggingface_hub import snapshot_download
+
+    def fetch(patterns: list[str]) -> Path:
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache, local_files_only=offline,
+                                      allow_patterns=patterns))
+
+    pickles = [pattern for pattern in files if pattern.removesuffix(".index.json").endswith(_PICKLES)]
+    others = [pattern for pattern in files if pattern not in pickles]
+    if others:
+        snapshot = fetch(others)
+        safetensors = [pattern for pattern in others if pattern.endswith(".safetensors")]
+        if not pickles or any(next(snapshot.glob(pattern), None) is not None for pattern in safetensors):
+            return snapshot
+    return fetch(pickles)  # a repository with PyTorch weights only
 
 
 @contextlib.contextmanager
@@ -143,8 +182,8 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int =
 
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer (AutoTokenizer) at `path`, a directory, a GGUF file (its metadata's tokenizer
-    and chat template) or a hub id (`resolve_checkpoint`)."""
-    directory = resolve_checkpoint(path, "tokenizer")
+    and chat template) or a hub id (`resolve_checkpoint`, its `TOKENIZER_FILES` only)."""
+    directory = resolve_checkpoint(path, "tokenizer", TOKENIZER_FILES)
     if is_gguf(directory):
         with quiet_transformers():
             return load_gguf_tokenizer(directory)

@@ -18,7 +18,7 @@ import torch
 
 from specdec.types import Sampling
 
-__all__ = ["PrefixPicker", "add_bias", "apply_min_p", "banned_ids", "chain_sampling", "draw", "greedy_ids", "pick", "process_logits", "probabilities", "sample", "stateless_scores", "warp"]
+__all__ = ["PrefixPicker", "RowsPicker", "add_bias", "apply_min_p", "banned_ids", "chain_sampling", "draw", "greedy_ids", "pick", "process_logits", "probabilities", "sample", "stateless_scores", "warp"]
 
 
 def add_bias(scores: torch.Tensor, ids: torch.Tensor, biases: torch.Tensor) -> torch.Tensor:
@@ -160,18 +160,45 @@ class PrefixPicker:
         return token, probs
 
 
+class RowsPicker:
+    """The chain draws of several batch rows at once when the settings read the prefix: slot s's
+    token from its own `PrefixPicker` (its row's prefix, on the host); slots without one (idle)
+    take the argmax. Passed to `pick` in place of the Sampling, one per draft."""
+
+    def __init__(self, pickers: dict[int, PrefixPicker]) -> None:
+        self.pickers = pickers
+
+    @property
+    def greedy(self) -> bool:
+        return all(picker.greedy for picker in self.pickers.values())
+
+    def __call__(self, logits: torch.Tensor, uniforms: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens [B] for logits [B, V] at uniforms [B] -> (tokens [B], q [B, V] or None when greedy)."""
+        tokens = logits.argmax(dim=-1)  # (B,)
+        probs: torch.Tensor | None = None
+        for slot, picker in self.pickers.items():
+            token, q = picker(logits[slot : slot + 1], None if uniforms is None else uniforms[slot : slot + 1])
+            tokens[slot] = token[0]
+            if q is not None:
+                probs = torch.zeros(logits.shape, dtype=q.dtype, device=q.device) if probs is None else probs
+                probs[slot] = q[0]
+        return tokens, probs
+
+
 def chain_sampling(ctx: Any) -> Sampling | PrefixPicker:
     """What a drafter's chain loop passes to `pick`: the settings, or a `PrefixPicker` when they
     read the prefix (the loop then runs step by step on the host, never as a compiled step)."""
     return PrefixPicker(ctx) if ctx.sampling.reads_prefix else ctx.sampling
 
 
-def pick(logits: torch.Tensor, sampling: Sampling | PrefixPicker, uniforms: torch.Tensor | None
+def pick(logits: torch.Tensor, sampling: Sampling | PrefixPicker | RowsPicker, uniforms: torch.Tensor | None
          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A drafted token per row of logits [n, V]: the argmax when greedy, else `draw` from the
     processed distribution at `uniforms` [n]. Returns (tokens [n], probs [n, V] or None). With a
-    `PrefixPicker` (one row), its draw from the row's own prefix."""
-    if isinstance(sampling, PrefixPicker):
+    `PrefixPicker` (one row) or a `RowsPicker` (a row's per batch row), each row's draw from its
+    own prefix."""
+    if isinstance(sampling, (PrefixPicker, RowsPicker)):
         return sampling(logits, uniforms)
     if sampling.greedy or uniforms is None:
         return greedy_ids(logits, sampling), None

@@ -1,11 +1,13 @@
 """Shared test settings: a derandomized hypothesis profile for CI, how pytest-xdist hands the files
-to the two workers, the count of graphs torch.compile built printed at the end, and the fixtures
-built once per run (the quick zoo, its target and drafters, the play server and playground)."""
+to the two workers, the count of graphs torch.compile built printed at the end, `strict_compile`
+(a test of the compiled engine fails when a step ran eagerly instead), and the fixtures built once
+per run (the quick zoo, its target and drafters, the play server and playground)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -90,6 +92,47 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
     built, loaded = config.stash.get(_COMPILED, None) or _inductor_counts()
     terminalreporter.write_line(  # type: ignore[attr-defined]
         f"torch.compile: inductor built {built} graphs and loaded {loaded} from its cache")
+
+
+# A test that asks for the compiled engine must fail when a step fell back to eager: otherwise a test
+# of "compiled equals eager" passes with every compile failing (specdec.runtime.engine.Step warns and
+# runs the step eagerly). Tests of the fallback itself do not take the fixture.
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Whether the test's call failed, for `strict_compile`'s teardown."""
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
+
+
+@pytest.fixture
+def strict_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For a test of the compiled engine: a step that cannot compile, in this test or (as
+    `specdec.runtime.engine` remembers) earlier in the process, raises CompileFallbackWarning
+    where it would run eagerly, in this process and in the subprocesses the test starts
+    (`SPECDEC_STRICT_COMPILE=1`); and a fallback the test caught and silenced fails it at
+    teardown (unless it failed already)."""
+    from specdec.runtime.engine import STRICT_ENV, compile_failures
+
+    monkeypatch.setenv(STRICT_ENV, "1")
+    before = compile_failures()
+    yield
+    new = {key: why for key, why in compile_failures().items() if key not in before}
+    if new and not request.node.stash.get(_CALL_FAILED, False):
+        pytest.fail(f"a compiled test ran steps eagerly: they did not compile: {new}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _strict_where_compiled(request: pytest.FixtureRequest) -> None:
+    """A test parametrized by `compile` takes `strict_compile` in its cases with compile=True."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("compile") is True:
+        request.getfixturevalue("strict_compile")
 
 
 def run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:

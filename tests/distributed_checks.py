@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Draft, Sampling
 from specdec.checkpoints import load_causal_lm, load_tokenizer
@@ -71,7 +72,7 @@ class RankSkewedDrafter:
 
     def __init__(self, skew: str) -> None:
         self.skew = skew
-        self.inner = specdec.make_drafter("ngram", max_ngram=3)
+        self.inner = row_view(specdec.make_drafter("ngram", max_ngram=3))
 
     def propose(self, ctx: Any, k: int) -> Draft:
         draft = self.inner.propose(ctx, k)

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import torch
 
+from specdec.protocols import row_view
 from specdec.protocols import DraftContext
 from specdec.types import Draft
 
@@ -238,7 +239,7 @@ class ChainAsTree:
     """Wraps a chain drafter: the same tokens and q, with parents [-1, 0, 1, ...]."""
 
     def __init__(self, inner: object) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.name = f"{getattr(inner, 'name', type(inner).__name__)}-as-tree"
 
     def prefill(self, ctx: DraftContext) -> None:

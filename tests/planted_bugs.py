@@ -20,7 +20,7 @@ from specdec.verifier import block as block_module
 from specdec.verifier import traversal as traversal_module
 from specdec.verifier import verify_block, verify_traversal, verify_tree
 from test_verification_rules import TREES, WOR_TREES, FullSupport, depth, without_replacement_law
-from test_verifier_block import Constant, TwoRows, as_tree, stop_at_first_failure
+from test_verifier_block import Constant, TwoRows, as_tree, kept_below_squared_tests, stop_at_first_failure
 from test_verifier_tree import PrefixModel, lossless_error, marginal_verifier_law
 
 Case = tuple[Any, Sequence[int], str]  # (model, parents, draft mode)
@@ -50,6 +50,8 @@ def main() -> None:
         print(f"block, stopping at the first failed test:        {worst(block, chains):.3g}")
     with mock.patch.object(block_module, "block_tests", unweighted_tests):
         print(f"block, correction without the prefix weight:     {worst(block, chains):.3g}")
+    with mock.patch.object(block_module, "kept_prefix", kept_below_squared_tests):
+        print(f"block, testing u < h**2 while reporting h:       {worst(block, chains):.3g}")
     trees: list[Case] = [(PrefixModel(800 + i, 3), parents, "shared") for i, parents in enumerate(TREES[:5])]
     print(f"traversal, as shipped:                           {worst(verify_traversal, trees):.3g}")
     with mock.patch.object(traversal_module, "normalized_residual", lambda residual, fallback: fallback):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from drafters_for_tests import GarbageDrafter, RandomQDrafter
-from specdec.drafters.eagle import save_eagle
+from specdec.drafters.feature_heads.eagle import save_eagle
 from specdec.verifier import DraftError
 from test_eagle import random_head
 from test_lossless_statistical import ALPHA, MODEL, PLAIN, TRUNCATED, chi_square_p_value, exact_distribution
@@ -26,7 +26,7 @@ from tiny import ARCHITECTURES, tiny_model
 from transformers import PreTrainedModel
 
 import specdec
-from specdec import Draft, DraftContext, Sampling
+from specdec import Capability, Draft, DraftContext, Sampling
 from specdec.data.datastore_build import build_datastore_from_ids
 from specdec.runtime.batch_cache import BatchCache
 from specdec.runtime.batch_target import BatchLM
@@ -222,15 +222,19 @@ def test_a_drafter_that_can_be_neither_forked_nor_copied_says_so_by_name():
 
 
 class NativeBatchNgram:
-    """The batched protocol: one call drafts every row (prompt lookup of the last two ids)."""
+    """The rows protocol: one call drafts every live row (prompt lookup of the last two ids)."""
 
     name = "native-batch"
+    capabilities = frozenset({Capability.STATE})
 
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
         self.commits: list[dict[int, int]] = []
 
-    def propose_batch(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+    def prefill(self, ctxs: dict[int, DraftContext]) -> None:
+        self.commits = []
+
+    def propose(self, ctxs: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
         self.calls.append(sorted(ctxs))
         drafts = {}
         for row, ctx in ctxs.items():
@@ -243,12 +247,9 @@ class NativeBatchNgram:
             drafts[row] = Draft(torch.tensor(found, dtype=torch.long, device=ctx.tokens.device))
         return drafts
 
-    def commit_batch(self, ctxs: dict[int, DraftContext], num_accepted: dict[int, int]) -> None:
+    def commit(self, ctxs: dict[int, DraftContext], num_accepted: dict[int, int]) -> None:
         assert set(num_accepted) == set(ctxs)
         self.commits.append(dict(num_accepted))
-
-    def propose(self, ctx: DraftContext, k: int) -> Draft:  # batch 1: the same lookup
-        return self.propose_batch({0: ctx}, {0: k})[0]
 
 
 def test_a_natively_batched_drafter_is_called_once_per_step_for_the_live_rows():
@@ -271,7 +272,7 @@ def test_suffix_rows_share_what_they_learn_with_the_drafter_they_came_from():
 # --- the cache with holes, the batch's shapes ---------------------------------------------
 
 def test_holes_are_compacted_exactly_when_the_columns_run_out(monkeypatch):
-    module = importlib.import_module("specdec.decoding.generate_batch")  # the module, not the function of its name
+    module = importlib.import_module("specdec.decoding.generate")  # the module, not the function of its name
     monkeypatch.setattr(module, "HOLE_ROOM", 0)
     compactions = []
     original = BatchCache.compact
@@ -301,6 +302,7 @@ def test_finished_rows_leave_the_batch_forward(monkeypatch):
     assert shapes[0] == len(PROMPTS) and shapes[-1] == len(PROMPTS) - ended < len(PROMPTS)
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_batches_equal_eager_on_a_few_shapes(monkeypatch):
     shapes = set()
     original = BatchLM.forward

@@ -1,12 +1,11 @@
-"""Medusa in a batch (`specdec.generate_batch`): its batched form (`MedusaBatch`) drafts every live
-row with one pass of the heads per batch step, and each row decodes exactly as it does alone
-(the same tokens, the same drafts accepted, the same random draws); sampled trees and sampling
-that reads the prefix run one drafter per row."""
+"""Medusa in a batch (`specdec.generate_batch`): the drafter has one form, which drafts every live row
+with one pass of the heads per step, under every setting (chains and trees, greedy and sampled,
+sampling that reads the prefix), and each row decodes exactly as it does alone (the same tokens,
+the same drafts accepted, the same random draws)."""
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,7 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Sampling
-from specdec.decoding.batch_drafters import NativeOrRows
-from specdec.drafters import medusa
+from specdec.drafters.feature_heads import medusa
 from specdec.runtime.engine import Step, compile_failures
 
 NEW = 20
@@ -36,21 +34,6 @@ def _target() -> PreTrainedModel:
 def heads_path(tmp_path_factory) -> Path:
     """Heads fitted to the target's greedy run on PROMPT, so that rows accept many drafts."""
     return checkpoint(tmp_path_factory.mktemp("medusa"), fitted_heads(_target(), PROMPT, num_heads=3))
-
-
-@pytest.fixture
-def forms(monkeypatch) -> list[Any]:
-    """Every batched form generate_batch makes (`batched`'s result), in order."""
-    made: list[Any] = []
-    module = importlib.import_module("specdec.decoding.generate_batch")  # the module, not the function
-    original = module.batched
-
-    def recording(*args: Any) -> Any:
-        made.append(original(*args))
-        return made[-1]
-
-    monkeypatch.setattr(module, "batched", recording)
-    return made
 
 
 @pytest.fixture
@@ -89,7 +72,7 @@ def _same_rows(batch: specdec.BatchGenerations, alone: list[specdec.Generation])
 
 @pytest.mark.parametrize("options", [{}, {"tree": True}, {"medusa_choices": CHOICES, "sample": True}],
                          ids=["chain", "default-tree", "choices-tree"])
-def test_greedy_rows_decode_as_alone_with_one_pass_of_the_heads_per_step(heads_path, forms, head_calls, options):
+def test_greedy_rows_decode_as_alone_with_one_pass_of_the_heads_per_step(heads_path, head_calls, options):
     make = functools.partial(specdec.make_drafter, "medusa", path=str(heads_path), **options)
     eos = _eos()
     batch = specdec.generate_batch(_target(), PROMPTS, drafter=make(), max_new_tokens=NEW, eos_token_id=eos)
@@ -97,7 +80,6 @@ def test_greedy_rows_decode_as_alone_with_one_pass_of_the_heads_per_step(heads_p
     alone = _alone(make, eos_token_id=eos)
     _same_rows(batch, alone)
     assert batch[0].tokens[-1] == eos and len(batch[0].tokens) < NEW, "row 0 should end early at its EOS"
-    assert isinstance(forms[0], NativeOrRows) and forms[0].native, "the batched form should draft natively"
     assert sum(row.stats.accepted for row in batch) > len(PROMPTS), "vacuous: the fitted heads were never accepted"
     proposes = len(head_calls) - len(batched_calls)  # alone (and row by row): one pass per row and step
     assert len(batched_calls) <= batch.totals.steps and len(batched_calls) < proposes
@@ -105,14 +87,14 @@ def test_greedy_rows_decode_as_alone_with_one_pass_of_the_heads_per_step(heads_p
     assert batched_calls[0][1] == len(PROMPTS) - 1, "the 1-id prompt has no hidden row at the first step"
 
 
-def test_sampled_chain_rows_draw_what_they_draw_alone(heads_path, forms, head_calls):
+def test_sampled_chain_rows_draw_what_they_draw_alone(heads_path, head_calls):
     make = functools.partial(specdec.make_drafter, "medusa", path=str(heads_path), sample=True)
     for sampling in (Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=4, top_p=0.9)):
         for seed in (0, 11):
             head_calls.clear()
             batch = specdec.generate_batch(_target(), PROMPTS, drafter=make(), max_new_tokens=NEW,
                                            sampling=sampling, seed=seed)
-            assert forms[-1].native and max(rows for _, rows in head_calls) == len(PROMPTS)
+            assert max(rows for _, rows in head_calls) == len(PROMPTS)
             # each row's draws come from its own generator (seeded seed + row), in batch-1's order
             _same_rows(batch, _alone(make, sampling=sampling, seed=seed))
     rows = specdec.generate_batch(_target(), [PROMPTS[1]] * 4, drafter=make(), max_new_tokens=NEW,
@@ -125,17 +107,18 @@ def test_sampled_chain_rows_draw_what_they_draw_alone(heads_path, forms, head_ca
     ({"sample": True}, Sampling(temperature=1.0, repetition_penalty=1.2)),
     ({"sample": True}, Sampling(temperature=0.8, no_repeat_ngram_size=2)),
 ], ids=["sampled-tree", "repetition-penalty", "no-repeat-ngram"])
-def test_sampled_trees_and_prefix_reading_sampling_run_row_by_row(heads_path, forms, head_calls, options, sampling):
+def test_sampled_trees_and_prefix_reading_sampling_take_one_pass_too(heads_path, head_calls, options, sampling):
     make = functools.partial(specdec.make_drafter, "medusa", path=str(heads_path), **options)
     batch = specdec.generate_batch(_target(), PROMPTS, drafter=make(), max_new_tokens=NEW, sampling=sampling, seed=5)
-    assert isinstance(forms[0], NativeOrRows) and not forms[0].native, "these settings should run row by row"
-    assert head_calls and {rows for _, rows in head_calls} == {1}, "one drafter per row: one hidden row a pass"
+    assert head_calls and max(rows for _, rows in head_calls) == len(PROMPTS), "every row's hidden row in one pass"
+    assert len(head_calls) <= batch.totals.steps
     assert all(len(row.tokens) == NEW for row in batch)
     assert sum(row.stats.drafted for row in batch) > 0
     _same_rows(batch, _alone(make, sampling=sampling, seed=5))
 
 
-def test_a_compiled_batch_equals_the_eager_one_on_padded_shapes(heads_path, forms, head_calls):
+@pytest.mark.usefixtures("strict_compile")
+def test_a_compiled_batch_equals_the_eager_one_on_padded_shapes(heads_path, head_calls):
     make = functools.partial(specdec.make_drafter, "medusa", path=str(heads_path))
     prompts = PROMPTS + [PROMPT[2:]]  # five rows, padded to 8 while all decode
     eos = specdec.generate(_target(), prompts[2], max_new_tokens=NEW).tokens[3]
@@ -146,7 +129,7 @@ def test_a_compiled_batch_equals_the_eager_one_on_padded_shapes(heads_path, form
     compiled = specdec.generate_batch(_target(), prompts, drafter=make(), max_new_tokens=NEW, eos_token_id=eos,
                                       compile=True)
     assert compile_failures() == failed, compile_failures()
-    assert forms[-1].native and all(compiled for compiled, _ in head_calls), head_calls
+    assert all(compiled for compiled, _ in head_calls), head_calls
     assert [row.tokens for row in compiled] == [row.tokens for row in eager]
     assert [(row.stats.drafted, row.stats.accepted) for row in compiled] == \
         [(row.stats.drafted, row.stats.accepted) for row in eager]

@@ -1,4 +1,4 @@
-"""The learned drafters' batched forms (`batch_form`, `specdec.decoding.batch_drafters`): each row's
+"""The learned drafters' batched forms (`specdec.drafters.shared.forms`): each row's
 drafts, step by step, are those it drafts alone (ragged catch-ups after ragged acceptance
 included), the head runs once per depth for the whole batch, its cache keeps each row's real
 pairs only, and the settings a form does not serve fall back to one instance per row."""
@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import specdec
 from specdec import Sampling
-from specdec.decoding import batch_drafters
-from specdec.drafters.head_batch import BatchHead
+from specdec.drafters.feature_heads.head_batch import BatchHead
 from specdec.runtime.batch_target import BatchLM
 
 NEW = 20
@@ -32,56 +30,37 @@ def zoo_parts(quick_zoo: Path) -> tuple[Any, list[list[int]], dict[str, dict[str
     return model, prompts, zoo.drafter_options(quick_zoo)
 
 
-def _forms(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The batched drafters `generate_batch` makes from now on, in order."""
-    forms: list[Any] = []
-    made = batch_drafters.batched
-    monkeypatch.setattr("specdec.decoding.generate_batch.batched",
-                        lambda *args: forms.append(made(*args)) or forms[-1])
-    return forms
+def _native(drafter: Any) -> bool:
+    """Whether the drafter's last generation drafted its rows in its batched form."""
+    return drafter._forms.batch is not None
 
 
-def _recorded(drafter: Any) -> list[list[int]]:
-    """Record every draft `drafter.propose` returns (batch 1)."""
-    seen: list[list[int]] = []
+def _recorded(drafter: Any) -> dict[int, list[list[int]]]:
+    """Record every draft `drafter.propose` returns, by row."""
+    seen: dict[int, list[list[int]]] = {}
     propose = drafter.propose
 
-    def recording(ctx, k):  # type: ignore[no-untyped-def]
-        draft = propose(ctx, k)
-        seen.append(draft.tokens.tolist())
-        return draft
+    def recording(rows, k):  # type: ignore[no-untyped-def]
+        drafts = propose(rows, k)
+        for row, draft in drafts.items():
+            seen.setdefault(row, []).append(draft.tokens.tolist())
+        return drafts
 
     drafter.propose = recording
     return seen
 
 
-@pytest.mark.parametrize("name", ["eagle3", "mtp", "eagle", "draft-model"])
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+CASES = [*((name, False) for name in ("eagle3", "mtp", "eagle", "draft-model")),
+         ("eagle3", True), ("draft-model", True)]
+
+
+@pytest.mark.parametrize(("name", "compile"), CASES, ids=[f"{'compiled' if c else 'eager'}-{n}" for n, c in CASES])
 def test_each_row_drafts_what_it_drafts_alone_in_one_forward_per_depth(zoo_parts, name, compile, monkeypatch):
     model, prompts, options = zoo_parts
     if name not in options:
         pytest.skip(f"the quick zoo has no {name}")
-    if compile and name not in ("eagle3", "draft-model"):
-        pytest.skip("one compiled case is enough")
-    forms: list[Any] = []
-    drafts: dict[int, list[list[int]]] = {}
-    made = batch_drafters.batched
-
-    def spying(drafter, label, rows):  # type: ignore[no-untyped-def]
-        form = made(drafter, label, rows)
-        forms.append(form)
-        propose = form.propose_batch
-
-        def recording(ctxs, k):  # type: ignore[no-untyped-def]
-            out = propose(ctxs, k)
-            for row, draft in out.items():
-                drafts.setdefault(row, []).append(draft.tokens.tolist())
-            return out
-
-        form.propose_batch = recording
-        return form
-
-    monkeypatch.setattr("specdec.decoding.generate_batch.batched", spying)
+    batched = specdec.make_drafter(name, **options[name])
+    drafts = _recorded(batched)
     calls: list[tuple[int, int]] = []
     original = BatchHead.__call__
 
@@ -98,9 +77,8 @@ def test_each_row_drafts_what_it_drafts_alone_in_one_forward_per_depth(zoo_parts
         return forward(self, ids, *args, **kwargs)
 
     monkeypatch.setattr(BatchLM, "forward", counting_lm)
-    batch = specdec.generate_batch(model, prompts, drafter=specdec.make_drafter(name, **options[name]),
-                                   max_new_tokens=NEW, compile=compile)
-    assert forms and forms[0].native, f"{name} should draft the batch natively"
+    batch = specdec.generate_batch(model, prompts, drafter=batched, max_new_tokens=NEW, compile=compile)
+    assert _native(batched), f"{name} should draft the batch natively"
     k = 4
     assert calls and len(calls) <= 1 + batch.totals.steps * k, "one catch-up and k - 1 draft forwards a step for all rows"
     assert all(rows <= len(prompts) for rows, _ in calls)
@@ -109,15 +87,14 @@ def test_each_row_drafts_what_it_drafts_alone_in_one_forward_per_depth(zoo_parts
         alone_drafts = _recorded(drafter)
         alone = specdec.generate(model, prompt, drafter=drafter, max_new_tokens=NEW, compile=compile)
         assert batch[row].tokens == alone.tokens, f"{name}: row {row} differs from its batch-1 decoding"
-        assert drafts[row] == alone_drafts, f"{name}: row {row}'s drafts differ from its batch-1 drafts"
+        assert drafts[row] == alone_drafts[0], f"{name}: row {row}'s drafts differ from its batch-1 drafts"
     assert len({row.stats.accepted for row in batch}) > 1, "the rows should accept ragged numbers of tokens"
 
 
 def test_the_head_cache_keeps_each_rows_real_pairs_only(zoo_parts, monkeypatch):
     model, prompts, options = zoo_parts
-    forms = _forms(monkeypatch)
     checks: list[tuple[int, int]] = []
-    original = specdec.drafters.feature_batch.FeatureBatch.propose_batch
+    original = specdec.drafters.feature_heads.feature_batch.FeatureBatch.propose
 
     def checking(self, ctxs, k):  # type: ignore[no-untyped-def]
         out = original(self, ctxs, k)
@@ -128,26 +105,35 @@ def test_the_head_cache_keeps_each_rows_real_pairs_only(zoo_parts, monkeypatch):
                 checks.append((row, self.cached[row]))
         return out
 
-    monkeypatch.setattr(specdec.drafters.feature_batch.FeatureBatch, "propose_batch", checking)
-    specdec.generate_batch(model, prompts, drafter=specdec.make_drafter("eagle3", **options["eagle3"]),
-                           max_new_tokens=NEW)
-    assert forms[0].native and len(checks) > len(prompts)
+    monkeypatch.setattr(specdec.drafters.feature_heads.feature_batch.FeatureBatch, "propose", checking)
+    drafter = specdec.make_drafter("eagle3", **options["eagle3"])
+    specdec.generate_batch(model, prompts, drafter=drafter, max_new_tokens=NEW)
+    assert _native(drafter) and len(checks) > len(prompts)
 
 
-def test_settings_a_form_does_not_serve_run_row_by_row(zoo_parts, monkeypatch):
+def test_settings_a_form_does_not_serve_run_row_by_row(zoo_parts):
     model, prompts, options = zoo_parts
-    forms = _forms(monkeypatch)
-    tree = specdec.make_drafter("eagle3", **options["eagle3"], tree=True)
-    sampled = Sampling(temperature=0.8)
-    batch = specdec.generate_batch(model, prompts[:2], drafter=tree, max_new_tokens=8, sampling=sampled)
-    assert not forms[-1].native and len(batch) == 2, "a tree of sampled siblings drafts row by row"
-    penalised = Sampling(temperature=0.0, repetition_penalty=1.3)
-    batch = specdec.generate_batch(model, prompts[:2], drafter=specdec.make_drafter("eagle3", **options["eagle3"]),
-                                   max_new_tokens=8, sampling=penalised)
-    assert not forms[-1].native
-    alone = specdec.generate(model, prompts[1], drafter=specdec.make_drafter("eagle3", **options["eagle3"]),
+    penalised = Sampling(temperature=0.0, repetition_penalty=1.3)  # reads each row's prefix
+    chain = specdec.make_drafter("draft-model", **options["draft-model"])
+    batch = specdec.generate_batch(model, prompts[:2], drafter=chain, max_new_tokens=8, sampling=penalised)
+    assert not _native(chain), "a draft model's batched form drafts no prefix-reading setting"
+    alone = specdec.generate(model, prompts[1], drafter=specdec.make_drafter("draft-model", **options["draft-model"]),
                              max_new_tokens=8, sampling=penalised)
     assert batch[1].tokens == alone.tokens
+
+
+@pytest.mark.parametrize("tree, sampling", [(True, Sampling(temperature=0.8)),
+                                            (False, Sampling(temperature=0.0, repetition_penalty=1.3))],
+                         ids=["sampled-tree", "penalised-chain"])
+def test_feature_heads_draft_every_setting_in_their_batched_form(zoo_parts, tree, sampling):
+    model, prompts, options = zoo_parts
+    drafter = specdec.make_drafter("eagle3", **options["eagle3"], tree=tree)
+    batch = specdec.generate_batch(model, prompts[:2], drafter=drafter, max_new_tokens=8, sampling=sampling, seed=3)
+    assert _native(drafter)
+    for row, prompt in enumerate(prompts[:2]):
+        alone = specdec.generate(model, prompt, drafter=specdec.make_drafter("eagle3", **options["eagle3"], tree=tree),
+                                 max_new_tokens=8, sampling=sampling, seed=3 + row)
+        assert batch[row].tokens == alone.tokens, f"row {row}: its tokens should be its batch-1 tokens"
 
 
 @pytest.mark.parametrize("name", ["eagle3", "draft-model"])
@@ -169,7 +155,6 @@ def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, m
     model, prompts, options = zoo_parts
     if name not in options:
         pytest.skip(f"the quick zoo has no {name}")
-    forms = _forms(monkeypatch)
     shapes: list[tuple[int, int]] = []
     original = BatchHead.run
 
@@ -179,9 +164,9 @@ def test_top_k_trees_draft_every_row_in_one_forward_per_depth(zoo_parts, name, m
 
     monkeypatch.setattr(BatchHead, "run", counting)
     settings = {**options[name], "tree": True, "top_k": 3, "total_tokens": 10}
-    batch = specdec.generate_batch(model, prompts, drafter=specdec.make_drafter(name, **settings),
-                                   max_new_tokens=NEW)
-    assert forms[0].native, f"{name}'s top-k tree should draft the batch natively"
+    drafter = specdec.make_drafter(name, **settings)
+    batch = specdec.generate_batch(model, prompts, drafter=drafter, max_new_tokens=NEW)
+    assert _native(drafter), f"{name}'s top-k tree should draft the batch natively"
     depth = 4  # the loop's k
     assert shapes and len(shapes) <= 1 + batch.totals.steps * depth, "a catch-up and k - 1 expansions a step"
     assert any(rows == 3 for _, rows in shapes), "an expansion runs top_k rows for every batch row at once"

@@ -107,6 +107,7 @@ def test_figures_are_consistent_with_the_runs(bench_run):
     assert document["rounds"] == 2 and document["settings"]["repeat_limit"] == 2  # --max-repeats 2: no extra round
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_both_engines_side_by_side_each_row_over_plain_on_its_own_engine(quick_zoo: Path, spec_bench_file: Path,
                                                                         tmp_path: Path):
     code = cli.main(["bench", "--quick", "--cache-dir", str(quick_zoo.parent), "--prompts", str(spec_bench_file),

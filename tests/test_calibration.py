@@ -11,7 +11,7 @@ import torch
 
 import specdec
 from specdec import zoo
-from specdec.drafters.tree_search import DynamicTree, grow_tree
+from specdec.drafters.tree_search.dynamic import DynamicTree, grow_tree
 from specdec.training.calibration import GRID, calibration_losses, fit_temperature
 
 

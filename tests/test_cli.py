@@ -282,6 +282,7 @@ def test_installed_console_script_lists_drafters() -> None:
 
 # ---- the engine's options -------------------------------------------------------------------
 
+@pytest.mark.usefixtures("strict_compile")
 def test_generate_compiled_prints_the_eager_text(checkpoint: Checkpoint, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(generate_args(checkpoint, "--drafter", "ngram", "--compile")) == 0
     text, stats = parse_output(capsys.readouterr().out)

@@ -151,6 +151,7 @@ def test_slem_refuses_trees() -> None:
 
 
 @pytest.mark.parametrize("translate", ["tli", "slem"])
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_decoding_equals_eager_across_tokenizers(translate: str) -> None:
     target, draft, target_tokenizer, draft_tokenizer = _twin()
     sampling = Sampling(temperature=0.8)
@@ -247,14 +248,14 @@ def test_the_same_tokenizer_drafts_on_the_targets_ids(tmp_path: Path) -> None:
     drafter = DraftModelDrafter(tiny_model("qwen2", vocab_size=len(target_tokenizer) + 3, seed=2, layers=1),
                                 tokenizer=copy.deepcopy(target_tokenizer))
     ours = specdec.generate(_target("llama"), _prompt(), drafter=drafter, max_new_tokens=8, tokenizer=target_tokenizer)
-    assert drafter._translation is None
+    assert drafter.translation is None
     assert ours.tokens == hf_greedy(_target("llama"), _prompt(), 8)
 
 
 def test_auto_takes_tli_when_sampling_slem_when_greedy_and_slem_where_no_token_is_shared() -> None:
     """translate="auto" is SLEM greedy and TLI sampled; where the vocabularies share no text token
     (TLI cannot bridge them) it takes SLEM sampled too, while an explicit "tli" says why it cannot."""
-    from specdec.drafters.translation import resolve_translate
+    from specdec.drafters.draft_models.translation import resolve_translate
     from specdec.vocab.mapping import NoSharedTokens
     from tokenizers_for_tests import disjoint_tokenizers
 
@@ -263,7 +264,7 @@ def test_auto_takes_tli_when_sampling_slem_when_greedy_and_slem_where_no_token_i
         drafter = DraftModelDrafter(_draft("llama"), tokenizer=draft_tokenizer)
         specdec.generate(_target("llama"), _prompt(), drafter=drafter, max_new_tokens=4, sampling=sampling, seed=0,
                          tokenizer=target_tokenizer)
-        assert drafter._translation is not None and drafter._translation.mode == mode, sampling
+        assert drafter.translation is not None and drafter.translation.mode == mode, sampling
     assert resolve_translate("auto", Sampling(), tree=True) == "tli"  # trees cross by TLI alone
     letters, digits = disjoint_tokenizers()
     draft = tiny_model("llama", vocab_size=len(digits), seed=3, layers=1)

@@ -1,17 +1,22 @@
-"""The `make demo` program on the quick zoo: a table of every drafter, consistent with itself."""
+"""The `make demo` program on the quick zoo: a table of every drafter, consistent with itself,
+after an estimate of the whole run and a first look."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import io
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
 K = 4
+NEW_TOKENS = 24  # the quick family's evaluation's
 
 
 def _load_demo():
@@ -25,34 +30,61 @@ def _load_demo():
 demo = _load_demo()
 
 
-def _table_rows(output: str) -> list[dict[str, str]]:
+def _table_rows(output: str, header: tuple[str, ...] = demo.HEADER) -> list[dict[str, str]]:
     """The printed table's rows as dicts keyed by its header (cells are split on 2+ spaces)."""
     lines = output.splitlines()
     split = lambda line: [cell.strip() for cell in line.split("  ") if cell.strip()]  # noqa: E731
-    starts = [i for i, line in enumerate(lines) if tuple(split(line)) == demo.HEADER]
-    assert len(starts) == 1, f"expected one table header {demo.HEADER} in the output:\n{output}"
+    starts = [i for i, line in enumerate(lines) if tuple(split(line)) == header]
+    assert len(starts) == 1, f"expected one table header {header} in the output:\n{output}"
     assert set(lines[starts[0] + 1]) == {"-", " "}, "no rule under the table header"
     rows = []
     for line in lines[starts[0] + 2 :]:
         if not line.strip():
             break
         cells = split(line)
-        assert len(cells) == len(demo.HEADER), f"malformed table row {line!r}"
-        rows.append(dict(zip(demo.HEADER, cells)))
+        assert len(cells) == len(header), f"malformed table row {line!r}"
+        rows.append(dict(zip(header, cells)))
     return rows
 
 
+class Run(NamedTuple):
+    code: int
+    output: str
+    before_full: str  # what was printed when the full evaluation began (`demo.compare` was called)
+    decodes: int  # decodes of the evaluation's new tokens (a warm-up decodes fewer)
+
+
 @pytest.fixture(scope="module")
-def quick_run(quick_zoo: Path) -> tuple[int, list[dict[str, str]], str]:
+def demo_run(quick_zoo: Path) -> Run:
     buffer = io.StringIO()
+    printed: list[str] = []
+    decodes: list[int] = []
+    compare, decode_one = demo.compare, demo.decode_one
+
+    def spy_compare(*args, **kwargs):
+        printed.append(buffer.getvalue())
+        return compare(*args, **kwargs)
+
+    def spy_decode(*args, **kwargs):
+        decodes.append(inspect.signature(decode_one).bind(*args, **kwargs).arguments["evaluation"].new_tokens)
+        return decode_one(*args, **kwargs)
+
     # The family's own evaluation (3 prompts, 24 new tokens, temperature 0.5), decoded eagerly: the
     # table's logic is the demo's own; that the compiled engine gives every zoo drafter's eager tokens
     # is tests/test_engine_zoo.py's (compiling the demo's sampled rows and greedy check took 200 s).
-    with contextlib.redirect_stdout(buffer):
+    # A first look at one prompt, whose decodes the eager evaluation takes: it costs the warm-ups.
+    with contextlib.redirect_stdout(buffer), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo, "compare", spy_compare)
+        patch.setattr(demo, "decode_one", spy_decode)
         code = demo.main(["--quick", "--family", "main", "--cache-dir", str(quick_zoo.parent), "--k", str(K),
-                          "--repeats", "1", "--no-progress", "--eager"])
-    output = buffer.getvalue()
-    return code, _table_rows(output), output
+                          "--repeats", "1", "--no-progress", "--eager", "--first-look", "1"])
+    assert len(printed) == 1, "the full evaluation did not run once"
+    return Run(code, buffer.getvalue(), printed[0], decodes.count(NEW_TOKENS))
+
+
+@pytest.fixture(scope="module")
+def quick_run(demo_run: Run) -> tuple[int, list[dict[str, str]], str]:
+    return demo_run.code, _table_rows(demo_run.output), demo_run.output
 
 
 def _interval(cell: str) -> tuple[float, float, float]:
@@ -127,3 +159,40 @@ def test_a_draft_tax_line_per_drafter(quick_run):
             assert ratio == pytest.approx(forwards / K, abs=2e-3), line
         elif "+" in label or label in ("ngram", "lookahead", "suffix", "retrieval"):
             assert "the whole draft" in line, line
+
+
+def test_a_first_look_at_every_drafter_is_printed_before_the_full_evaluation_begins(demo_run, quick_run):
+    before = demo_run.before_full
+    first = _table_rows(before, demo.FIRST_LOOK_HEADER)
+    assert [r["drafter"] for r in first] == [r["drafter"] for r in quick_run[1]]
+    assert "First look: every drafter on 1 of the 3 held-out prompts (signature)" in before
+    assert "lossless: the first" not in before  # the full table's title
+    assert before.index("Held-out prompt") < before.index("First look:")  # the example is its first decode
+
+
+def test_the_first_look_gives_the_family_figures_of_its_prompt(demo_run, quick_zoo: Path):
+    """Its one prompt is the family's first: each chain's tokens per target forward and acceptance
+    are that prompt's in the figures the build measured."""
+    from specdec import zoo
+
+    figures = zoo.read_figures(quick_zoo)["drafters"]
+    for row in _table_rows(demo_run.before_full, demo.FIRST_LOOK_HEADER)[1:]:
+        if "+" not in row["drafter"]:
+            new_tokens, steps, drafted, accepted, *_ = figures[row["drafter"]]["prompts"][0]
+            length = f"{new_tokens / steps:.2f}"
+            assert row["mean acc. len [95%]"] == f"{length} [{length}, {length}]", row
+            assert row["acceptance"] == f"{accepted / drafted:.0%}", row
+
+
+def test_the_start_counts_the_decodes_the_run_makes(demo_run, quick_run):
+    """Counted before any decode: the first look's, the greedy check's and the round's, less the
+    round's decodes it takes from the first look (every row's but suffix's, which learns)."""
+    before = demo_run.before_full
+    line = next(line for line in before.splitlines() if line.startswith("The whole run: "))
+    assert before.index(line) < before.index("held-out loss") < before.index("First look:")
+    stated = re.match(r"The whole run: ([\d,]+) decodes of up to (\d+) new tokens, about \d+ minutes? ", line)
+    assert stated, line
+    assert (int(stated[1].replace(",", "")), int(stated[2])) == (demo_run.decodes, NEW_TOKENS), line
+    rows = len(quick_run[1])
+    assert demo_run.decodes == rows + rows * (3 + 3) - (rows - 2)  # first look, check and round, reused
+    assert "The first look took " in before and "at that pace the rest takes about " in before

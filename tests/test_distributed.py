@@ -133,8 +133,8 @@ def test_a_rank_that_drafts_or_draws_differently_still_emits_rank_zeros_tokens(r
 def test_the_check_passes_agreeing_ranks_and_names_the_rank_that_differs(ranks):
     assert ranks[0]["checked/ngram"] == ranks[1]["checked/ngram"]
     drafted, drew = ranks[0]["caught/draft"], ranks[0]["caught/draws"]
-    assert drafted is not None and drafted.startswith("rank 1 disagrees with rank 0 on the draft of step 0")
-    assert drew is not None and drew.startswith("rank 1 disagrees with rank 0 on the verdict of step")
+    assert drafted is not None and drafted.startswith("rank 1 disagrees with rank 0 on the drafts of step 0")
+    assert drew is not None and drew.startswith("rank 1 disagrees with rank 0 on the verdicts of step")
     assert ranks[1]["caught/draft"] == drafted and ranks[1]["caught/draws"] == drew  # every rank raised
 
 

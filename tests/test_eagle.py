@@ -14,11 +14,12 @@ from torch.nn.functional import cross_entropy
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Sampling
-from specdec.drafters.eagle import EagleDrafter, EagleHead, load_eagle, save_eagle
-from specdec.drafters.chains import chain_length
-from specdec.drafters.feature_pairs import PREFILL_HOLD
+from specdec.drafters.feature_heads.eagle import EagleDrafter, EagleHead, load_eagle, save_eagle
+from specdec.drafters.shared.chains import chain_length
+from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD
 from specdec.plugins import load_registry
 
 from test_lossless_statistical import MODEL, TRUNCATED, VOCAB, chi_square_p_value, exact_distribution, sample_counts
@@ -114,7 +115,7 @@ class Spy:
     uses_hidden_states = True
 
     def __init__(self, inner: EagleDrafter, reference: PreTrainedModel | None = None) -> None:
-        self.inner, self.reference = inner, reference
+        self.inner, self.reference = row_view(inner), reference
         self.drafts: list[list[int]] = []
         self.checks = 0
         self.sampled = 0

@@ -17,13 +17,14 @@ from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from transformers import LlamaConfig, PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Sampling
-from specdec.drafters.eagle3 import Eagle3Drafter
-from specdec.drafters.eagle3_files import load_eagle3, save_eagle3
-from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
-from specdec.drafters.chains import chain_length
-from specdec.drafters.feature_pairs import PREFILL_HOLD
+from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+from specdec.drafters.feature_heads.eagle3_files import load_eagle3, save_eagle3
+from specdec.drafters.feature_heads.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, Eagle3Spec
+from specdec.drafters.shared.chains import chain_length
+from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD
 from specdec.runtime.target import CausalLM
 from specdec.verifier import DraftError
 
@@ -141,7 +142,7 @@ class Spy:
     uses_hidden_states = True
 
     def __init__(self, inner: Eagle3Drafter) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.drafts: list[list[int]] = []
         self.contexts: list[list[int]] = []
         self.sampled = 0

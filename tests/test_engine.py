@@ -154,6 +154,7 @@ def test_a_sliding_window_model_holds_every_position_in_its_static_cache() -> No
 # --- compiled decoding equals eager decoding ------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_greedy_decoding_equals_eager_on_every_architecture(arch: str) -> None:
     model = _model(arch)
     for drafter in (None, NgramDrafter()):
@@ -166,6 +167,7 @@ def test_compiled_greedy_decoding_equals_eager_on_every_architecture(arch: str) 
     assert lm.compiled, f"{arch}: the compiled run fell back to eager ({compile_failures()})"
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_sampling_is_lossless() -> None:
     target, other = tiny_model(seed=0, **MODEL), tiny_model(seed=1, **MODEL)
     for drafter in (DraftModelDrafter(other), NgramDrafter(max_ngram=3)):
@@ -175,6 +177,7 @@ def test_compiled_sampling_is_lossless() -> None:
         assert p_value >= ALPHA, f"{drafter.name}: compiled sampling is not lossless: p = {p_value:.3g}"
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     """100 tokens, k varying from step to step, an EOS inside an accepted block: one graph per
     shape, not one per step. The draft model is the target itself (every draft accepted, so k
@@ -210,6 +213,7 @@ def test_a_run_compiles_a_few_graphs_whatever_k_and_wherever_it_stops() -> None:
     assert 1 <= graphs <= 4, f"{graphs} graphs for {result.stats.steps} steps"
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_graphs_are_reused_by_later_calls_and_never_serve_another_model() -> None:
     model = _model("llama")
     specdec.generate(model, PROMPT, drafter="ngram", max_new_tokens=30, compile=True)
@@ -227,6 +231,7 @@ def test_graphs_are_reused_by_later_calls_and_never_serve_another_model() -> Non
     assert result.tokens == specdec.generate(other, PROMPT, drafter="ngram", max_new_tokens=24).tokens
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_a_tree_run_compiles_one_verify_graph_for_its_node_budget() -> None:
     model = _model("qwen3", layers=1, hidden=40)
     reference = hf_greedy(model, PROMPT, 30)
@@ -262,6 +267,7 @@ def test_a_model_dynamo_cannot_compile_decodes_eagerly_with_a_warning() -> None:
 
 # --- bfloat16: mismatches only at near-ties ----------------------------------------------------------
 
+@pytest.mark.usefixtures("strict_compile")
 def test_bfloat16_compiled_greedy_matches_transformers_up_to_near_ties() -> None:
     model = _model("llama", dtype=torch.bfloat16)
     reference = hf_greedy(model, PROMPT, 40)
@@ -283,6 +289,7 @@ def test_the_near_tie_rule_fails_a_mismatch_that_is_no_tie() -> None:
         assert_greedy_matches_up_to_near_ties(model, PROMPT, wrong, reference)
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_the_verifier_works_in_float32_for_a_bfloat16_target(monkeypatch: pytest.MonkeyPatch) -> None:
     import specdec.verifier.rules as loop  # the loop takes its chain verdict from the rule's table
 
@@ -353,6 +360,7 @@ def test_compile_must_be_a_bool() -> None:
         specdec.generate(_model("llama"), PROMPT, compile="yes")  # type: ignore[arg-type]
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_warnings_are_not_raised_by_a_clean_compiled_run() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -438,6 +446,7 @@ def _scaled(module: _Scaled, x: torch.Tensor) -> torch.Tensor:
     return module.linear(x) * module.scale
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_modules_of_one_structure_share_compiled_graphs_and_others_do_not() -> None:
     from torch._dynamo.utils import counters
 

@@ -9,10 +9,13 @@ compiled engine's check on the zoo: tests/test_demo.py decodes the demo's table 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import specdec
 from specdec import Sampling
+
+pytestmark = pytest.mark.usefixtures("strict_compile")  # every test here compiles: none may fall back to eager
 
 
 def _zoo_rows(directory: object) -> list[tuple[str, str, dict[str, object]]]:
@@ -98,7 +101,7 @@ def test_a_compiled_chain_step_reads_back_from_the_device_once(quick_target, zoo
 
 def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_target, zoo_drafter, monkeypatch) -> None:
     """EAGLE, EAGLE-3 and MTP catch up on the accepted tokens and draft their chain, or their
-    greedy top-k tree (`specdec.drafters.tree_graph`), in one step (`HeadSteps.fed_chain`),
+    greedy top-k tree (`specdec.drafters.tree_search.graph`), in one step (`HeadSteps.fed_chain`),
     compiled or not: every draft of the loop's k tokens after the first (which follows the
     prefill, with nothing to catch up on) is one drafter call, and the tokens are plain greedy
     decoding's."""
@@ -120,10 +123,10 @@ def test_a_feature_level_chain_draft_is_one_drafter_step_per_verify(quick_target
             drafter = zoo_drafter(name, compile, **({"tree": True} if tree else {}))  # the other tests' drafters
             drafts: list[tuple[int, list[str]]] = []  # (k asked, the drafter's step calls)
 
-            def watched(ctx, k, _propose=drafter.propose, _drafts=drafts):
+            def watched(rows, k, _propose=drafter.propose, _drafts=drafts):
                 before = len(calls)
-                draft = _propose(ctx, k)
-                _drafts.append((k, calls[before:]))
+                draft = _propose(rows, k)
+                _drafts.append((k[0], calls[before:]))
                 return draft
 
             drafter.propose = watched

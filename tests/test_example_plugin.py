@@ -84,7 +84,7 @@ def _propose(module: object, tokens: list[int], k: int, **options: object) -> li
     drafter = module.RepeatDrafter(**options)
     ids = torch.tensor(tokens, dtype=torch.long)
     ctx = DraftContext(ids, Sampling(), torch.Generator(), target=None, vocab_size=100)
-    draft = drafter.propose(ctx, k)
+    draft = drafter.propose({0: ctx}, {0: k})[0]
     assert draft.probs is None and draft.tokens.dtype == torch.long and draft.tokens.dim() == 1
     return draft.tokens.tolist()
 

@@ -18,14 +18,17 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig, PreTrainedModel, Qwen3Config
 
+from specdec.protocols import row_view
 import specdec
 from specdec.checkpoints import load_causal_lm
 from specdec.cli import main
-from specdec.drafters.eagle import EagleDrafter, EagleHead, save_eagle
-from specdec.drafters.eagle3 import Eagle3Drafter
-from specdec.drafters.eagle3_files import save_eagle3
-from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, save_medusa
-from specdec.drafters.mtp import INDEX, MtpDrafter
+from specdec.drafters.feature_heads.eagle import EagleDrafter, EagleHead, save_eagle
+from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+from specdec.drafters.feature_heads.eagle3_files import save_eagle3
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.medusa_head import MedusaHeads
+from specdec.drafters.feature_heads.medusa_files import save_medusa
+from specdec.drafters.feature_heads.mtp import INDEX, MtpDrafter
 from specdec.export import LAYOUTS, export, layout_for, mismatches, read_back
 
 from test_eagle3 import random_eagle3
@@ -46,7 +49,7 @@ class Recorder:
     uses_hidden_states = True
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.drafts = inner, []
+        self.inner, self.drafts = row_view(inner), []
 
     def max_draft_nodes(self, k: int) -> int:
         return self.inner.max_draft_nodes(k)

@@ -15,8 +15,9 @@ from transformers import PreTrainedTokenizerFast
 import specdec
 from specdec import cli
 from specdec.checkpoints import load_causal_lm, resolve_checkpoint
-from specdec.drafters.medusa import MedusaHeads, load_medusa, save_medusa
-from specdec.drafters.mtp import load_mtp
+from specdec.drafters.feature_heads.medusa_head import MedusaHeads
+from specdec.drafters.feature_heads.medusa_files import load_medusa, save_medusa
+from specdec.drafters.feature_heads.mtp import load_mtp
 from tiny import tiny_model
 
 WORDS = "the cat sat on a mat and dog ran to park when rain had stopped".split()
@@ -138,3 +139,127 @@ def test_unreachable_hub_falls_back_to_the_cache(hub: Path, monkeypatch: pytest.
     assert resolve_checkpoint("org/tiny", "target").parent == hub / "models--org--tiny" / "snapshots"
     with pytest.raises(FileNotFoundError, match="offline mode off; the hub answered: .*ConnectError"):
         resolve_checkpoint("org/absent", "target")
+
+
+# --- what a hub repository is asked for: only the files the checkpoint's loader reads ---------------
+
+
+class FakeHub:
+    """`snapshot_download` over repositories given as lists of file names: each call is recorded
+    with its patterns, and the files they match (huggingface_hub's own matching) are laid out in
+    the repository's snapshot directory, as a download would."""
+
+    def __init__(self, root: Path, repos: dict[str, list[str]]) -> None:
+        self.root, self.repos = root, repos
+        self.calls: list[tuple[str, tuple[str, ...] | None]] = []
+
+    def __call__(self, repo_id: str, *, revision=None, cache_dir=None, local_files_only=False,
+                 allow_patterns=None) -> str:
+        from huggingface_hub.utils import filter_repo_objects
+
+        self.calls.append((repo_id, None if allow_patterns is None else tuple(allow_patterns)))
+        snapshot = self.root / repo_id.replace("/", "--")
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for name in filter_repo_objects(self.repos[repo_id], allow_patterns=allow_patterns):
+            (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+            (snapshot / name).write_text("not really weights")
+        return str(snapshot)
+
+    def fetched(self, repo: str) -> set[str]:
+        snapshot = self.root / repo.replace("/", "--")
+        return {str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()}
+
+
+TOKENIZER = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+             "chat_template.jinja"]
+NEVER = ["README.md", ".gitattributes", "tf_model.h5", "flax_model.msgpack", "rust_model.ot", "onnx/model.onnx",
+         "onnx/model_q4.onnx", "model.Q4_K_M.gguf", "original/consolidated.00.pth", "consolidated.safetensors",
+         "runs/events.out.tfevents", "training_args.bin"]
+
+
+@pytest.fixture()
+def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    import huggingface_hub
+
+    hub = FakeHub(tmp_path / "hub", {
+        "org/both-formats": ["config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin",
+                             *TOKENIZER, *NEVER],
+        "org/sharded": ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                        "model-00002-of-00002.safetensors", "pytorch_model.bin.index.json",
+                        "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin", *TOKENIZER, *NEVER],
+        "org/pickled": ["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
+                        "pytorch_model.bin.index.json", "tokenizer.model", "tokenizer_config.json", *NEVER],
+        "org/medusa": ["config.json", "medusa_lm_head.pt", *NEVER],
+        "org/eagle": ["config.json", "pytorch_model.bin", *NEVER],
+        "org/eagle3": ["config.json", "model.safetensors", "pytorch_model.bin", *NEVER],
+        "org/mtp": ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                    "model-00002-of-00002.safetensors", *TOKENIZER, *NEVER],
+    })
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.chdir(tmp_path)  # no ./org/... directory shadows an id
+    return hub
+
+
+@pytest.mark.parametrize("repo, weights", [
+    ("org/both-formats", {"generation_config.json", "model.safetensors"}),  # never the pickle beside them
+    ("org/sharded", {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors"}),
+])
+def test_a_model_repository_gives_its_config_weights_and_tokenizer_only(fake_hub: FakeHub, repo: str, weights):
+    snapshot = resolve_checkpoint(repo, "target")
+    assert fake_hub.fetched(repo) == {"config.json", *weights, *TOKENIZER}
+    assert snapshot == fake_hub.root / repo.replace("/", "--")
+    assert len(fake_hub.calls) == 1 and None not in (patterns for _, patterns in fake_hub.calls)
+
+
+def test_a_repository_with_pytorch_weights_only_gives_those(fake_hub: FakeHub):
+    from specdec.checkpoints import MODEL_FILES
+
+    resolve_checkpoint("org/pickled", "target")
+    assert fake_hub.fetched("org/pickled") == {"config.json", "pytorch_model-00001-of-00002.bin",
+                                               "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json",
+                                               "tokenizer.model", "tokenizer_config.json"}
+    asked = [set(patterns or ()) for _, patterns in fake_hub.calls]
+    assert len(asked) == 2 and asked[0] | asked[1] == set(MODEL_FILES) and not asked[0] & asked[1]
+    assert all(pattern.endswith(".bin") or pattern.endswith(".bin.index.json") for pattern in asked[1])
+
+
+def test_a_tokenizer_repository_gives_no_weights(fake_hub: FakeHub):
+    from specdec.checkpoints import load_tokenizer
+
+    with pytest.raises(Exception):  # the fake files are no tokenizer; what was fetched is the point
+        load_tokenizer("org/both-formats")
+    assert fake_hub.fetched("org/both-formats") == {"config.json", *TOKENIZER}
+
+
+def _export_medusa(tmp: Path) -> None:
+    from specdec.export import export
+
+    export("medusa", "org/medusa", "vllm", tmp / "out")
+
+
+@pytest.mark.parametrize("repo, load, wanted", [
+    ("org/medusa", lambda tmp: load_medusa("org/medusa"), {"config.json", "medusa_lm_head.pt"}),
+    ("org/medusa", _export_medusa, {"config.json", "medusa_lm_head.pt"}),
+    ("org/eagle", lambda tmp: specdec.make_drafter("eagle", path="org/eagle"), {"config.json", "pytorch_model.bin"}),
+    ("org/eagle3", lambda tmp: specdec.make_drafter("eagle3", path="org/eagle3"), {"config.json", "model.safetensors"}),
+    ("org/mtp", lambda tmp: load_mtp("org/mtp"), {"config.json", "model.safetensors.index.json",
+                                                  "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}),
+    ("org/both-formats", lambda tmp: specdec.make_drafter("draft-model", model="org/both-formats"),
+     {"config.json", "generation_config.json", "model.safetensors", *TOKENIZER}),
+    ("org/both-formats", lambda tmp: cli.main(["generate", "--target", "org/both-formats", PROMPT]),
+     {"config.json", "generation_config.json", "model.safetensors", *TOKENIZER}),
+])
+def test_each_loader_asks_a_hub_repository_for_its_own_files_only(fake_hub: FakeHub, tmp_path: Path, repo: str, load,
+                                                                  wanted: set[str]):
+    try:
+        load(tmp_path)
+    except Exception:  # the fake files hold no tensors; what was fetched is the point
+        pass
+    assert fake_hub.fetched(repo) == wanted
+    assert fake_hub.calls and all(patterns for _, patterns in fake_hub.calls)
+
+
+def test_files_must_be_patterns():
+    with pytest.raises(ValueError, match="glob patterns"):
+        resolve_checkpoint("org/tiny", "target", files="config.json")

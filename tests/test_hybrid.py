@@ -22,6 +22,7 @@ import transformers.models.qwen3_next.modeling_qwen3_next as qwen3_next
 from transformers import (BambaConfig, BambaForCausalLM, DynamicCache, PreTrainedModel, Qwen3NextConfig,
                           Qwen3NextForCausalLM)
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
@@ -279,7 +280,7 @@ class CheckedDrafter:
     name = "checked"
 
     def __init__(self, inner: object | None) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.lengths_ok: list[bool] = []
 
     def prefill(self, ctx: DraftContext) -> None:
@@ -345,6 +346,7 @@ class HalfOracle:
         return Draft(torch.tensor(right + wrong, dtype=torch.long))
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_a_hybrid_target_compiles_on_the_static_cache_chains_and_tree_batches(hybrid):
     """Its GatedDeltaNet layers keep each row's state in the compiled verify, with no snapshot
     and no replay: a chain padded to k + 1 rows decoding one prompt, and token trees for a batch

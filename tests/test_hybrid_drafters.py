@@ -10,10 +10,11 @@ import torch
 
 import specdec
 from specdec import Sampling
-from specdec.drafters.eagle import EagleDrafter, save_eagle
-from specdec.drafters.medusa import MedusaDrafter, save_medusa
-from specdec.drafters.mtp import MtpDrafter
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.feature_heads.eagle import EagleDrafter, save_eagle
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.medusa_files import save_medusa
+from specdec.drafters.feature_heads.mtp import MtpDrafter
+from specdec.drafters.model_free.ngram import NgramDrafter
 from test_eagle import random_head
 from test_hybrid import float64_kernels, tiny_hybrid  # noqa: F401  (the fixture applies here too)
 from test_lossless_statistical import ALPHA, PROMPT, VOCAB, chi_square_p_value, exact_distribution, sample_counts

@@ -24,8 +24,8 @@ from torch._dynamo.utils import counters
 import specdec
 from specdec import Sampling
 from specdec.drafters import NgramDrafter
-from specdec.drafters.lookahead import LookaheadDrafter, NgramPool, branch_layout, shift_levels
-from specdec.protocols import DraftContext
+from specdec.drafters.model_free.lookahead import LookaheadDrafter, NgramPool, branch_layout, shift_levels
+from specdec.protocols import DraftContext, RowView
 from specdec.runtime.target import CausalLM
 from specdec.trees import path_to
 from specdec.types import Draft, ExtraRows
@@ -83,10 +83,11 @@ def test_the_pool_keeps_the_most_recent_distinct_continuations_of_each_key() -> 
 
 def test_a_hand_made_step_pools_the_targets_argmax_of_each_top_row() -> None:
     """commit reads ctx.extra_logits row by row: (level, column) -> the argmax of its row."""
-    drafter = LookaheadDrafter(window=2, ngram=3, pool_context=False)
+    lookahead = LookaheadDrafter(window=2, ngram=3, pool_context=False)
+    drafter = RowView(lookahead)
     ctx = DraftContext(torch.tensor([3, 4, 5]), Sampling(), torch.Generator(), None, 10)
     drafter.prefill(ctx)
-    drafter.levels = [[1, 2]]
+    lookahead.levels[:] = [[1, 2]]
     first = drafter.propose(ctx, 4)
     assert first.tokens.numel() == 0 and first.extra is not None
     assert first.extra.tokens.tolist() == [1, 2] and first.extra.positions.tolist() == [1, 2]
@@ -96,25 +97,26 @@ def test_a_hand_made_step_pools_the_targets_argmax_of_each_top_row() -> None:
 
     drafter.commit(DraftContext(torch.tensor([3, 4, 5, 6]), Sampling(), torch.Generator(), None, 10,
                                 extra_logits=logits_for([7, 8])), 0)
-    assert drafter.levels == [[1, 2], [7, 8]] and drafter.pool.grams == {}
+    assert lookahead.levels == [[1, 2], [7, 8]] and lookahead.pool.grams == {}
     drafter.commit(DraftContext(torch.tensor([3, 4, 5, 6, 1]), Sampling(), torch.Generator(), None, 10,
                                 extra_logits=logits_for([0, 0, 9, 6])), 0)  # rows (1, 0) and (1, 1) on top
-    assert drafter.levels == [[7, 8], [9, 6]]
-    assert drafter.pool.get(1) == [(7, 9)] and drafter.pool.get(2) == [(8, 6)]
+    assert lookahead.levels == [[7, 8], [9, 6]]
+    assert lookahead.pool.get(1) == [(7, 9)] and lookahead.pool.get(2) == [(8, 6)]
     ctx = DraftContext(torch.tensor([3, 4, 5, 6, 1]), Sampling(), torch.Generator(), None, 10)
     assert drafter.propose(ctx, 4).tokens.tolist() == [7, 9], "the pooled continuation of the last token"
     assert drafter.propose(ctx, 1).tokens.tolist() == [7], "cut to k"
 
 
 def test_context_ngrams_seed_the_pool_and_trees_merge_the_guesses() -> None:
-    drafter = LookaheadDrafter(window=3, ngram=3, tree=True)
+    lookahead = LookaheadDrafter(window=3, ngram=3, tree=True)
+    drafter = RowView(lookahead)
     ctx = DraftContext(torch.tensor([1, 2, 3, 1, 2, 4, 1, 5, 5, 1]), Sampling(), torch.Generator(), None, 10)
     drafter.prefill(ctx)
     draft = drafter.propose(ctx, 4)
     # continuations of 1, latest first: (5, 5), (2, 4), (2, 3) -> a trie
     assert draft.tokens.tolist() == [5, 2, 5, 4, 3] and draft.parents.tolist() == [-1, -1, 0, 1, 1]
-    assert len(draft.tokens) <= drafter.max_draft_nodes(4) == 6
-    chain = LookaheadDrafter(window=3, ngram=3)
+    assert len(draft.tokens) <= lookahead.max_draft_nodes(4) == 6
+    chain = RowView(LookaheadDrafter(window=3, ngram=3))
     chain.prefill(ctx)
     assert chain.propose(ctx, 4).tokens.tolist() == [5, 5] and chain.propose(ctx, 4).parents is None
 
@@ -189,17 +191,19 @@ class Recording(LookaheadDrafter):
         self.sent: list[int] = []  # extra rows sent with each draft
         self.siblings = 0  # drafts in which some node has more than one child
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
+    def propose(self, rows: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+        ctx = rows[0]
         self.lengths.append((ctx.target.cache_length, ctx.tokens.shape[0]))
-        draft = super().propose(ctx, k)
+        draft = super().propose(rows, k)[0]
         self.sent.append(0 if draft.extra is None else draft.extra.tokens.shape[0])
         self.siblings += draft.parents is not None and len(set(draft.parents.tolist())) < len(draft.parents)
-        return draft
+        return {0: draft}
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
+    def commit(self, rows: dict[int, DraftContext], accepted: dict[int, int]) -> None:
+        ctx = rows[0]
         self.lengths.append((ctx.target.cache_length, ctx.tokens.shape[0]))
         self.extra_logits.append(ctx.extra_logits)
-        super().commit(ctx, num_accepted)
+        super().commit(rows, accepted)
 
 
 def test_the_jacobi_rows_ride_the_one_verify_forward_and_the_cache_keeps_the_committed_length() -> None:
@@ -247,6 +251,7 @@ def test_extra_rows_past_a_learned_position_table_are_clamped() -> None:
     assert result.tokens == hf_greedy(model, PROMPT, 20)
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_lookahead_equals_eager_in_a_few_graphs() -> None:
     model = tiny_model("qwen3", vocab_size=VOCAB, seed=0, layers=1, hidden=24)  # shapes no other test compiles
     options = dict(window=3, ngram=3, tree=True)
@@ -292,10 +297,22 @@ def test_lookahead_continuations_match_plain_sampling(stat_target: Any, key: str
 
 def test_chi_square_detects_siblings_checked_against_p_instead_of_the_residual(stat_target: Any,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test above has power: a verifier that forgets to zero a rejected sibling fails it."""
+    """The test above has power: a verifier that forgets to zero a rejected sibling (or, in a chain,
+    the rejected token) fails it."""
     rules = importlib.import_module("specdec.verifier.rules")
     monkeypatch.setattr(rules, "verify_tree", verify_tree_siblings_against_p)  # whichever tree rule the run uses
     monkeypatch.setattr(rules, "verify_traversal", verify_tree_siblings_against_p)
+    chain_verdict = rules.chain_verdict
+
+    def correction_from_p(p, tokens, q, generator):  # type: ignore[no-untyped-def]
+        num, out, acceptance, uniforms = chain_verdict(p, tokens, q, generator)
+        if int(num) < tokens.shape[0]:  # lossy: the correction ignores the rejected token
+            out = out.clone()
+            out[int(num)] = torch.multinomial(p[int(num)], 1, generator=generator)[0]
+        return num, out, acceptance, uniforms
+
+    monkeypatch.setattr(rules, "chain_verdict", correction_from_p)  # whichever chain rule the run uses
+    monkeypatch.setattr(rules, "block_verdict", correction_from_p)
     options, sampling = STAT_CASES["context-tree-t1"]
     counts, drafted, _, _ = sample_counts(stat_target, LookaheadDrafter(**options), sampling, runs=RUNS)
     assert drafted > 0
@@ -331,7 +348,7 @@ class WithExtra:
     name: ClassVar[str] = "with-extra"
 
     def __init__(self, inner: Any, make: Callable[[int], Any], declared: int | None = 4, as_tree: bool = False) -> None:
-        self.inner, self.make, self.declared, self.as_tree = inner, make, declared, as_tree
+        self.inner, self.make, self.declared, self.as_tree = RowView(inner), make, declared, as_tree
         if declared is None:
             self.extra_rows = None  # declares nothing
 
@@ -339,7 +356,7 @@ class WithExtra:
         return self.declared  # type: ignore[return-value]
 
     def max_draft_nodes(self, k: int) -> int:
-        return self.inner.max_draft_nodes(k)
+        return self.inner.drafter.max_draft_nodes(k)
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         draft = self.inner.propose(ctx, k)

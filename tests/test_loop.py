@@ -13,9 +13,10 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import StaticLayer
 
+from specdec.protocols import row_view
 import specdec
 from specdec import CausalLM, Draft, DraftContext, Drafter, Generation, Sampling
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.model_free.ngram import NgramDrafter
 from tiny import hf_greedy, tiny_model
 
 VOCAB = 64
@@ -90,7 +91,7 @@ class CacheSpy:
     name: ClassVar[str] = "cache-spy"
 
     def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.proposals = 0
         self.draft_checks = 0
         self.largest_target_cache = 0

@@ -14,9 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.drafters.medusa import MedusaDrafter, MedusaHeads, load_medusa, save_medusa
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.medusa_head import MedusaHeads
+from specdec.drafters.feature_heads.medusa_files import load_medusa, save_medusa
 from specdec.plugins import load_registry
 from specdec.runtime.target import CausalLM
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as SHORT_PROMPT, TRUNCATED,
@@ -56,7 +59,7 @@ class Recorder:
     uses_hidden_states = True
 
     def __init__(self, inner: MedusaDrafter) -> None:
-        self.inner, self.drafts = inner, []
+        self.inner, self.drafts = row_view(inner), []
 
     def prefill(self, ctx: DraftContext) -> None:
         self.inner.prefill(ctx)
@@ -270,11 +273,9 @@ def test_saving_over_a_checkpoint_in_the_other_format_replaces_it(tmp_path):
 class MisreportingDrafter(MedusaDrafter):
     """Lossy on purpose: draws from each head's q but reports a flatter one."""
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
-        draft = super().propose(ctx, k)
-        if draft.probs is None:
-            return draft
-        return Draft(draft.tokens, 0.5 * draft.probs + 0.5 / draft.probs.shape[-1])
+    def propose(self, rows: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+        return {row: draft if draft.probs is None else Draft(draft.tokens, 0.5 * draft.probs + 0.5 / draft.probs.shape[-1])
+                for row, draft in super().propose(rows, k).items()}
 
 
 def test_chi_square_detects_drafts_whose_reported_q_is_not_the_one_sampled(tmp_path):

@@ -17,11 +17,12 @@ from safetensors.torch import load_file, save_file
 from torch.nn.functional import cross_entropy
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Sampling, plugins
-from specdec.drafters.chains import chain_length
-from specdec.drafters.feature_pairs import PREFILL_HOLD
-from specdec.drafters.mtp import MtpDrafter, MtpHead, load_mtp, mtp_checkpoint_keys
+from specdec.drafters.shared.chains import chain_length
+from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD
+from specdec.drafters.feature_heads.mtp import MtpDrafter, MtpHead, load_mtp, mtp_checkpoint_keys
 
 from test_lossless_statistical import MODEL, TRUNCATED, chi_square_p_value, exact_distribution, sample_counts
 from tiny import hf_greedy, tiny_model
@@ -111,7 +112,7 @@ class Spy:
     uses_hidden_states = True
 
     def __init__(self, inner: MtpDrafter) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.drafts: list[list[int]] = []
         self.checks = self.sampled = 0
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import specdec
-from specdec.drafters.ngram import NgramIndex
+from specdec.drafters.model_free.ngram import NgramIndex
 from tiny import tiny_model
 
 
@@ -81,5 +81,5 @@ def test_drafts_live_on_the_tokens_device():
     model = tiny_model("llama")
     ctx = specdec.DraftContext(torch.tensor([1, 2, 1, 2, 1]), specdec.Sampling(), torch.Generator(),
                                specdec.CausalLM(model), 64)
-    draft = index_drafter.propose(ctx, 3)
+    draft = index_drafter.propose({0: ctx}, {0: 3})[0]
     assert draft.tokens.tolist() == [2, 1, 2] and draft.tokens.device == ctx.tokens.device

@@ -235,3 +235,66 @@ def test_make_drafter_bad_option_names_it_and_the_accepted_ones() -> None:
         specdec.make_drafter("ngram", max_gram=3)
     message = str(raised.value)
     assert "max_gram" in message and "max_ngram" in message and "min_ngram" in message, message
+
+
+# --- the one-row protocol of earlier plugins, through the adapter ------------------------------------
+
+class EchoRowDrafter:
+    """A plugin written against the one-row protocol: propose(ctx, k), prefill(ctx), commit(ctx, n),
+    uses_hidden_states, no capabilities; it drafts the last token k times and counts its calls."""
+
+    name = "echo-row"
+    uses_hidden_states = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.hidden_rows = 0
+
+    def prefill(self, ctx: specdec.DraftContext) -> None:
+        self.calls.append("prefill")
+
+    def propose(self, ctx: specdec.DraftContext, k: int) -> Draft:
+        self.calls.append("propose")
+        assert ctx.hidden_states is not None, "the adapter declares the hidden states it reads"
+        self.hidden_rows += ctx.hidden_states.shape[0]
+        return Draft(ctx.tokens[-1:].repeat(k))
+
+    def commit(self, ctx: specdec.DraftContext, num_accepted: int) -> None:
+        self.calls.append("commit")
+
+
+def test_a_plugin_of_the_one_row_protocol_decodes_alone_and_in_batches_through_the_adapter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny import tiny_model
+
+    module = plugin_module("plugin_rows", returning(EchoRowDrafter))
+    install(monkeypatch, FakeEntryPoint("old-style", lambda: module))
+    model = tiny_model("llama", vocab_size=64, seed=0)
+    prompts = [[3, 3, 3, 3, 5], [7, 8, 7, 8]]
+    plain = [specdec.generate(model, prompt, max_new_tokens=12).tokens for prompt in prompts]
+    alone = specdec.make_drafter("echo-row")
+    one = specdec.generate(model, prompts[0], drafter=alone, max_new_tokens=12)
+    assert one.tokens == plain[0] and one.stats.drafted > 0
+    assert alone.calls[0] == "prefill" and {"propose", "commit"} <= set(alone.calls)
+    assert alone.hidden_rows > 0, "its hidden states reached it"
+    batched = specdec.make_drafter("echo-row")
+    batch = specdec.generate_batch(model, prompts, drafter=batched, max_new_tokens=12)
+    assert [row.tokens for row in batch] == plain and batch.totals.drafted > 0
+    assert batched.calls[0] == "prefill", "row 0 is the drafter itself; row 1 a copy of it"
+
+
+def test_a_drafter_declaring_a_capability_without_its_method_is_named() -> None:
+    class Forgetful:
+        name = "forgetful"
+        capabilities = frozenset({specdec.Capability.STATE})
+
+        def propose(self, rows, k):  # type: ignore[no-untyped-def]
+            return {row: Draft(ctx.tokens[:0]) for row, ctx in rows.items()}
+
+        def prefill(self, rows):  # type: ignore[no-untyped-def]
+            pass
+
+    from tiny import tiny_model
+
+    with pytest.raises(TypeError, match=r"drafter 'forgetful' declares Capability\.STATE but has no commit\(\)"):
+        specdec.generate(tiny_model("llama", vocab_size=64, seed=0), [1, 2, 3], drafter=Forgetful(), max_new_tokens=2)

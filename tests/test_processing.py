@@ -160,10 +160,10 @@ def _drafter(name: str, arch: str, directory: Path) -> object:
     """Every drafter family, a chain and its tree mode (`NAME+tree`), on the arch's tiny target;
     learned heads random (greedy parity holds whatever they draft)."""
     from specdec.data.datastore_build import build_datastore_from_ids
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.drafters.eagle3 import Eagle3Drafter
-    from specdec.drafters.medusa import MedusaDrafter
-    from specdec.drafters.mtp import MtpDrafter
+    from specdec.drafters.feature_heads.eagle import EagleDrafter
+    from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+    from specdec.drafters.feature_heads.medusa import MedusaDrafter
+    from specdec.drafters.feature_heads.mtp import MtpDrafter
 
     from test_eagle import random_head, save_eagle
     from test_eagle3 import write_head

@@ -26,12 +26,12 @@ import torch
 import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle3 import Eagle3Drafter
-from specdec.drafters.lookahead import LookaheadDrafter
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.mtp import MtpDrafter
-from specdec.drafters.retrieval import RetrievalDrafter
+from specdec.drafters.feature_heads.eagle import EagleDrafter
+from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+from specdec.drafters.model_free.lookahead import LookaheadDrafter
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.mtp import MtpDrafter
+from specdec.drafters.model_free.retrieval import RetrievalDrafter
 from specdec.processing import Prefixes
 
 from reference_sampling import plain_law, word_tokenizer

@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 from specdec.bench import cost_model, real
 from specdec.bench.questions import load_questions

@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from specdec import Draft, DraftContext, Sampling
 from specdec.data.datastore import DatastoreError
 from specdec.data.datastore_build import build_datastore, build_datastore_from_ids
-from specdec.drafters.retrieval import RetrievalDrafter, frequent_prefix_tree
+from specdec.drafters.model_free.retrieval import RetrievalDrafter, frequent_prefix_tree
 from specdec.trees import children, depths, path_to
 from test_datastore import WORDS, word_tokenizer
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT, TRUNCATED, VOCAB, chi_square_p_value,
@@ -33,7 +34,7 @@ class Recorder:
     name = "retrieval"
 
     def __init__(self, inner: RetrievalDrafter) -> None:
-        self.inner, self.drafts = inner, []
+        self.inner, self.drafts = row_view(inner), []
 
     def max_draft_nodes(self, k: int) -> int:
         return self.inner.max_draft_nodes(k)
@@ -166,7 +167,7 @@ def test_continuations_at_temperature_follow_plain_sampling(small_datastore, tre
     target = tiny_model(seed=0, **MODEL)
     drafter = RetrievalDrafter(small_datastore, tree=tree, nodes=12, occurrences=32)
     ctx = DraftContext(torch.tensor(PROMPT), sampling, torch.Generator(), specdec.CausalLM(target), VOCAB)
-    first = drafter.propose(ctx, 3)
+    first = drafter.propose({0: ctx}, {0: 3})[0]
     assert (first.parents is not None) == tree and first.probs is None  # siblings to sample-and-match
     counts, drafted, accepted, deep = sample_counts(target, drafter, sampling)
     assert drafted > 0 and 0 < accepted < drafted and deep > 0, (drafted, accepted, deep)
@@ -211,6 +212,6 @@ def test_the_tokenizer_option_checks_the_fingerprint(tmp_path):
     drafter = specdec.make_drafter("retrieval", datastore=str(datastore), tokenizer=str(tokenizer_dir))
     ctx = DraftContext(torch.tensor([5, 1, 2]), Sampling(), torch.Generator(), specdec.CausalLM(_target("llama")),
                        len(WORDS))
-    assert drafter.propose(ctx, 2).tokens.tolist() == [3]
+    assert drafter.propose({0: ctx}, {0: 2})[0].tokens.tolist() == [3]
     with pytest.raises(DatastoreError, match=r"datastore\.json.*fingerprint"):
         RetrievalDrafter(datastore, tokenizer=word_tokenizer(WORDS[::-1]))

@@ -24,10 +24,10 @@ import torch
 import specdec
 from specdec import Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
-from specdec.drafters.eagle import EagleDrafter
-from specdec.drafters.eagle3 import Eagle3Drafter
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.mtp import MtpDrafter
+from specdec.drafters.feature_heads.eagle import EagleDrafter
+from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.mtp import MtpDrafter
 
 from test_eagle import random_head, save_eagle
 from test_eagle3 import write_head
@@ -131,7 +131,7 @@ def test_the_test_catches_siblings_verified_as_drawn_independently(tmp_path: Pat
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Power: siblings drawn without replacement but each tested against the shared row, as if
     drawn i.i.d. (the wrong declaration), fail the test."""
-    loop = __import__("specdec.decoding.loop", fromlist=["sibling_rows"])
+    loop = __import__("specdec.decoding.verdicts", fromlist=["sibling_rows"])
     monkeypatch.setattr(loop, "sibling_rows", lambda probs, tokens, parents, siblings: probs)
     target, drafter = CASES["medusa+tree-without-replacement", "traversal"](tmp_path)
     law = _law(target, PROMPT, NUCLEUS, LENGTH)
@@ -169,6 +169,7 @@ def test_batch_rows_sample_plain_samplings_law_under_each_rule(family: str, rule
 
 @pytest.mark.parametrize(("family", "rule"), [("draft-model", "block"),
                                               ("draft-model+tree-without-replacement", "traversal")])
+@pytest.mark.usefixtures("strict_compile")
 def test_the_compiled_engine_decodes_what_the_eager_one_does_under_each_rule(family: str, rule: str,
                                                                             tmp_path: Path) -> None:
     """The same draws in both engines (`docs/engine.md`), so the same tokens: a sampled chain under

@@ -13,7 +13,7 @@ from tiny import tiny_model
 
 import specdec
 from specdec.drafters import DraftModelDrafter
-from specdec.drafters.tree_search import DynamicTree, grow, grow_sampled_tree
+from specdec.drafters.tree_search.dynamic import DynamicTree, grow, grow_sampled_tree
 from specdec.sampling import probabilities
 from specdec.trees import depths
 from specdec.types import Sampling
@@ -116,14 +116,15 @@ class CheckedDraftModel(DraftModelDrafter):
     """After every commit, the draft model's cache must predict exactly what a fresh forward
     over the committed tokens predicts (the accepted path was gathered into place)."""
 
-    def commit(self, ctx, num_accepted):
-        super().commit(ctx, num_accepted)
-        tokens = ctx.tokens
-        cached = self.lm.cache_length
+    def commit(self, rows, accepted):
+        super().commit(rows, accepted)
+        tokens = rows[0].tokens
+        lm = self._forms.rows[0].lm  # row 0's draft-model cache
+        cached = lm.cache_length
         assert cached <= tokens.shape[0] - 1
-        logits, _ = self.lm.forward(tokens[cached:], keep=1)
-        self.lm.rollback(cached)
-        fresh = self.lm.model(input_ids=tokens[None]).logits[0, -1]
+        logits, _ = lm.forward(tokens[cached:], keep=1)
+        lm.rollback(cached)
+        fresh = lm.model(input_ids=tokens[None]).logits[0, -1]
         assert torch.allclose(logits[0], fresh, atol=1e-9), "the draft model's cache drifted from its tokens"
 
 

@@ -19,14 +19,15 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 import specdec
+from specdec.runtime.batch_target import BatchLM
 from specdec import Sampling
 from specdec.cli.common import parse_drafter_spec
 from specdec.drafters import SelfDrafter
-from specdec.drafters import layer_search, layer_view as layer_view_module, self_draft
-from specdec.drafters.layer_search import (Calibration, cached_search, draft_cost, modelled_speedup, search_layers,
+from specdec.drafters.draft_models import layer_search, layer_view as layer_view_module, self_draft
+from specdec.drafters.draft_models.layer_search import (Calibration, cached_search, draft_cost, modelled_speedup, search_layers,
                                            stdlib_calibration)
-from specdec.drafters.layer_view import decoder_layers, layer_view
-from specdec.drafters.self_draft import RowPlan, parse_layers, self_chain, self_step
+from specdec.drafters.draft_models.layer_view import decoder_layers, layer_view
+from specdec.drafters.draft_models.self_draft import RowPlan, parse_layers, self_chain, self_step
 from specdec.runtime.target import CausalLM
 from specdec.sampling import probabilities
 from specdec.teaching.trace import Trace
@@ -236,15 +237,41 @@ def test_a_view_handing_a_layer_another_kinds_mask_is_refused(monkeypatch):
         layer_view(model, [0, 2, 3])
 
 
-def test_linear_attention_models_and_batches_are_refused():
+def test_linear_attention_models_are_refused():
     from test_hybrid import tiny_hybrid
 
     with pytest.raises(ValueError, match="Qwen3NextForCausalLM cannot draft with a subset of its layers: its "
                                          "linear-attention"):
         layer_view(tiny_hybrid(), [1, 2])
-    with pytest.raises(ValueError, match=r"self: .*specdec\.generate_batch.* one by one with specdec\.generate"):
-        specdec.generate_batch(_target("llama"), [PROMPT, PROMPT[:5]], drafter=SelfDrafter(layers=[0, 1]),
-                               max_new_tokens=4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9)], ids=["greedy", "t0.9"])
+def test_each_row_of_a_batch_self_drafts_what_it_drafts_alone(arch, sampling):
+    """A batch drafts every row over the batch's own cache, one forward of the kept layers per depth
+    (`BatchLM.draft_step`): each row's tokens, drafts accepted and draws are its batch-1 decoding's
+    (sliding windows measured in each row's own positions too)."""
+    model = _target(arch)
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:] + [7, 7]]
+    drafter = SelfDrafter(layers=[0, 1, 3])
+    steps: list[int] = []
+    original = BatchLM.draft_step
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        steps.append(self.rows)
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BatchLM, "draft_step", counted)
+        batch = specdec.generate_batch(model, prompts, drafter=drafter, max_new_tokens=16, sampling=sampling, seed=4)
+    assert steps and max(steps) == len(prompts), "one draft forward for every row at once"
+    assert len(steps) <= batch.totals.steps * 4
+    for i, prompt in enumerate(prompts):
+        alone = specdec.generate(model, prompt, drafter=SelfDrafter(layers=[0, 1, 3]), max_new_tokens=16,
+                                 sampling=sampling, seed=4 + i)
+        assert batch[i].tokens == alone.tokens, f"row {i}"
+        assert (batch[i].stats.drafted, batch[i].stats.accepted) == (alone.stats.drafted, alone.stats.accepted)
+    assert batch.totals.accepted > 0
 
 
 def _identity_layers_model(seed: int) -> PreTrainedModel:
@@ -358,6 +385,7 @@ def test_a_draft_row_traces_as_one_graph():
     assert torch.equal(tokens, traced_tokens) and torch.allclose(q, traced_q, rtol=0, atol=1e-12)
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_decoding_equals_eager():
     """On the CPU inductor's kernels, on CUDA its CUDA graphs too."""
     from specdec.runtime.engine import compile_failures

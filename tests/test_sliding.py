@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 import specdec
 from specdec import CausalLM, Sampling
 from specdec.drafters import DraftModelDrafter, NgramDrafter
-from specdec.drafters.eagle import EagleDrafter, save_eagle
-from specdec.drafters.medusa import MedusaDrafter, save_medusa
+from specdec.drafters.feature_heads.eagle import EagleDrafter, save_eagle
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.medusa_files import save_medusa
 from specdec.runtime.engine import compile_failures
 from specdec.runtime.windows import FULL, SLIDING, Attention, attention_kinds, layer_masks, within_window
 
@@ -214,6 +215,7 @@ def test_sampling_on_a_sliding_target_is_lossless() -> None:
 
 # --- compiled ------------------------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("strict_compile")
 def test_compiled_decoding_of_a_sliding_target_equals_eager() -> None:
     """Gemma 3 mixes sliding and full layers: a chain compiles transformers' own windowed mask
     over the full-length layers; a batch of token trees (each row's accepted path kept, its

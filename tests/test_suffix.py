@@ -17,8 +17,9 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec import Draft, DraftContext, Sampling
-from specdec.drafters.suffix import SuffixDrafter
-from specdec.drafters.suffix_trie import OutputMemory, SuffixTrie, speculate
+from specdec.protocols import RowView
+from specdec.drafters.model_free.suffix import SuffixDrafter
+from specdec.drafters.model_free.suffix_trie import OutputMemory, SuffixTrie, speculate
 from specdec.trees import chain_parents, children, depths, first_path, path_to
 from test_lossless_statistical import (ALPHA, MODEL, PLAIN, PROMPT as SHORT_PROMPT, TRUNCATED, chi_square_p_value,
                                        exact_distribution)
@@ -176,26 +177,26 @@ def test_speculation_tree_is_the_greedy_best_within_its_limits(ids, match, depth
 
 def test_the_longest_continued_suffix_wins_over_a_more_frequent_shorter_one():
     # "1 2" was followed by 3 twice and by 4 once, but the longer "1 2 3 1 2" only by 4
-    draft = SuffixDrafter().propose(context([1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]), 6)
+    draft = RowView(SuffixDrafter()).propose(context([1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2]), 6)
     assert draft.tokens.tolist() == [4, 1, 2, 3, 1, 2] and draft.parents is None
 
 
 def test_tree_mode_drafts_the_continuations_of_an_ambiguous_suffix():
-    draft = SuffixDrafter(tree=True).propose(context([3, 1, 2, 3, 3, 1, 2, 4, 3, 1, 2]), 2)
+    draft = RowView(SuffixDrafter(tree=True)).propose(context([3, 1, 2, 3, 3, 1, 2, 4, 3, 1, 2]), 2)
     assert draft.tokens.tolist() == [3, 4, 3, 3] and draft.parents.tolist() == [-1, -1, 0, 1]
-    chain = SuffixDrafter().propose(context([3, 1, 2, 3, 3, 1, 2, 4, 3, 1, 2]), 2)
+    chain = RowView(SuffixDrafter()).propose(context([3, 1, 2, 3, 3, 1, 2, 4, 3, 1, 2]), 2)
     assert chain.tokens.tolist() == [3, 3] and chain.parents is None
 
 
 def test_nothing_to_match_gives_an_empty_draft():
-    draft = SuffixDrafter(tree=True).propose(context(list(range(20))), 4)
+    draft = RowView(SuffixDrafter(tree=True)).propose(context(list(range(20))), 4)
     assert draft.tokens.shape == (0,) and draft.tokens.dtype == torch.long
 
 
 def test_match_factor_caps_the_draft_at_the_match_length_times_the_factor():
     ids = [7, 1, 2, 3, 4, 5, 6, 8, 1]  # "1" matches, length 1: 2 nodes with factor 2
-    assert SuffixDrafter(match_factor=2.0).propose(context(ids), 6).tokens.tolist() == [2, 3]
-    assert SuffixDrafter().propose(context(ids), 6).tokens.tolist() == [2, 3, 4, 5, 6, 8]
+    assert RowView(SuffixDrafter(match_factor=2.0)).propose(context(ids), 6).tokens.tolist() == [2, 3]
+    assert RowView(SuffixDrafter()).propose(context(ids), 6).tokens.tolist() == [2, 3, 4, 5, 6, 8]
 
 
 @given(ids=st.lists(st.integers(0, 4), min_size=1, max_size=50), cut=st.integers(1, 50),
@@ -205,6 +206,7 @@ def test_drafts_kept_up_step_by_step_equal_those_of_a_fresh_drafter(ids, cut, re
                                                                                        tree=tree)
     for drafter in (stepped, fresh):
         drafter.remember(remembered)
+    stepped, fresh = RowView(stepped), RowView(fresh)
     stepped.prefill(context(ids[:cut]))
     for end in range(min(cut, len(ids)) + 1, len(ids) + 1):
         stepped.commit(context(ids[:end]), 1)
@@ -254,9 +256,9 @@ def test_a_second_call_drafts_the_first_calls_output_and_a_fresh_drafter_does_no
     first = specdec.generate(model, prompt, drafter=drafter, num_draft_tokens=4, max_new_tokens=NEW_TOKENS).tokens
     assert len(set(first[:8])) == 8 and not set(first) & set(prompt), "the case needs a non-repeating start"
     follow_up = prompt + first[:4]  # its greedy continuation is first[4:]
-    drafter.prefill(context(follow_up))
-    assert drafter.propose(context(follow_up), 4).tokens.tolist() == first[4:8]
-    fresh = SuffixDrafter()
+    RowView(drafter).prefill(context(follow_up))
+    assert RowView(drafter).propose(context(follow_up), 4).tokens.tolist() == first[4:8]
+    fresh = RowView(SuffixDrafter())
     fresh.prefill(context(follow_up))
     assert fresh.propose(context(follow_up), 4).tokens.tolist() == []
     runs = [specdec.generate(model, follow_up, drafter=d, num_draft_tokens=4, max_new_tokens=12)
@@ -282,8 +284,8 @@ def test_forget_drops_earlier_outputs_as_a_fresh_drafter_would():
     follow_up = prompt + first[:4]
     drafter.forget()
     assert drafter.memory.trie.nodes == 0
-    drafter.prefill(context(follow_up))  # the first call's output is not folded in after forget
-    assert drafter.memory.trie.nodes == 0 and drafter.propose(context(follow_up), 4).tokens.tolist() == []
+    RowView(drafter).prefill(context(follow_up))  # the first call's output is not folded in after forget
+    assert drafter.memory.trie.nodes == 0 and RowView(drafter).propose(context(follow_up), 4).tokens.tolist() == []
 
 
 def test_the_bench_makes_every_round_start_from_a_fresh_memory():
@@ -323,22 +325,31 @@ RUNS = 800
 class CountingTrees:
     """Wraps a drafter and counts the drafts that branch."""
 
+    capabilities = SuffixDrafter.capabilities
+
     def __init__(self, inner: SuffixDrafter) -> None:
         self.inner, self.name, self.trees = inner, inner.name, 0
 
     def max_draft_nodes(self, k: int) -> int:
         return self.inner.max_draft_nodes(k)
 
-    def prefill(self, ctx: DraftContext) -> None:
-        self.inner.prefill(ctx)
+    def prefill(self, rows: dict[int, DraftContext]) -> None:
+        self.inner.prefill(rows)
 
-    def commit(self, ctx: DraftContext, num_accepted: int) -> None:
-        self.inner.commit(ctx, num_accepted)
+    def commit(self, rows: dict[int, DraftContext], accepted: dict[int, int]) -> None:
+        self.inner.commit(rows, accepted)
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
-        draft = self.inner.propose(ctx, k)
-        self.trees += draft.parents is not None and draft.parents.tolist() != chain_parents(len(draft.parents))
-        return draft
+    def finish(self, rows: dict[int, DraftContext]) -> None:
+        self.inner.finish(rows)
+
+    def forget(self) -> None:
+        self.inner.forget()
+
+    def propose(self, rows: dict[int, DraftContext], k: dict[int, int]) -> dict[int, Draft]:
+        drafts = self.inner.propose(rows, k)
+        for draft in drafts.values():
+            self.trees += draft.parents is not None and draft.parents.tolist() != chain_parents(len(draft.parents))
+        return drafts
 
 
 @pytest.mark.parametrize(("tree", "prompt", "sampling"), [

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from specdec.bench import synthetic
 
 
+@pytest.mark.usefixtures("strict_compile")
 def test_the_tiny_setting_measures_every_row(tmp_path: Path) -> None:
     assert synthetic.main(["--setting", "tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
     document = json.loads((tmp_path / "results.json").read_text())

@@ -124,7 +124,7 @@ def test_a_fed_chain_feeds_padded_ids_then_runs_the_loop_after_the_real_ones(arc
     """`fed_chain`: the ids fed (padded to k + 1 rows), then a greedy loop of k tokens from the last
     one's logits, in one step: the tokens of greedy decoding, the cache holding the real ids and
     the loop's, and a later forward that equals a full one (the padding left no trace)."""
-    from specdec.drafters.draft_model import draft_chain
+    from specdec.drafters.draft_models.draft_model import draft_chain
     from specdec.types import Sampling
 
     model, k, start = _model(arch), 4, 9

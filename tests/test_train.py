@@ -56,7 +56,7 @@ def test_mtp_output_is_the_target_checkpoint_with_its_new_module(quick_zoo: Path
     out = tmp_path / "with-mtp"
     assert cli.main(["train", "mtp", "--target", str(quick_zoo / "target"), "--data", str(data_dir), "--out", str(out),
                      *QUICK_ARGS, "--seed", "5"]) == 0
-    from specdec.drafters.mtp import load_mtp
+    from specdec.drafters.feature_heads.mtp import load_mtp
 
     new, old = load_mtp(out).state_dict(), load_mtp(quick_zoo / "target").state_dict()
     assert new.keys() == old.keys() and any(not torch.equal(new[k], old[k]) for k in new)

@@ -11,9 +11,10 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from specdec.protocols import row_view
 import specdec
-from specdec.drafters.eagle import save_eagle
-from specdec.drafters.medusa import save_medusa
+from specdec.drafters.feature_heads.eagle import save_eagle
+from specdec.drafters.feature_heads.medusa_files import save_medusa
 from specdec.training.draft_model import DraftModelStudent, DraftSize
 from specdec.training.eagle import EagleStudent
 from specdec.training.medusa import MedusaStudent
@@ -27,9 +28,9 @@ class Recorder:
     """Wraps a drafter and keeps every draft it proposes."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.drafts = inner, []
+        self.inner, self.drafts = row_view(inner), []
         self.name = inner.name
-        self.uses_hidden_states = getattr(inner, "uses_hidden_states", False)
+        self.uses_hidden_states = getattr(self.inner, "uses_hidden_states", False)
 
     def prefill(self, ctx: Any) -> None:
         if hasattr(self.inner, "prefill"):
@@ -91,9 +92,7 @@ def _save(kind: str, student: Any, target_dir: Path, out: Path) -> dict[str, str
     elif kind == "eagle":
         save_eagle(student.module, out)
     else:
-        for file in target_dir.iterdir():
-            (out / file.name).write_bytes(file.read_bytes())
-        write_mtp(student.module, out)
+        write_mtp(student.module, target_dir, out)
     return {"path": str(out)}
 
 

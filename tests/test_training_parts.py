@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.nn import functional as F
 
-from specdec.drafters.mtp import load_mtp
+from specdec.drafters.feature_heads.mtp import load_mtp
 from specdec.training.data import WindowSampler, encode_texts, evaluation_windows
 from specdec.training.losses import soft_cross_entropy, top1_agreement
 from specdec.training.mtp import create_mtp_head, write_mtp
@@ -100,21 +100,51 @@ def _tiny_qwen3(directory: Path, shards: bool) -> torch.nn.Module:
     return model
 
 
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.parametrize("shards", [False, True])
-def test_write_mtp_adds_a_loadable_module_and_leaves_the_model(tmp_path: Path, shards: bool):
+def test_write_mtp_adds_a_loadable_module_to_a_copy_and_leaves_the_model(tmp_path: Path, shards: bool):
     from specdec.checkpoints import load_causal_lm
 
-    model = _tiny_qwen3(tmp_path, shards)
-    assert (tmp_path / "model.safetensors.index.json").is_file() == shards
+    model = _tiny_qwen3(tmp_path / "target", shards)
+    assert (tmp_path / "target" / "model.safetensors.index.json").is_file() == shards
+    original = _files(tmp_path / "target")
     head = create_mtp_head(model.config, seed=1)
-    write_mtp(head, tmp_path)
-    write_mtp(head, tmp_path)  # writing again replaces, never duplicates
-    loaded = load_mtp(tmp_path)
+    assert write_mtp(head, tmp_path / "target", tmp_path / "once") == tmp_path / "once"
+    write_mtp(head, tmp_path / "once", tmp_path / "twice")  # writing again replaces, never duplicates
+    out = tmp_path / "twice"
+    loaded = load_mtp(out)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), head.state_dict().values()))
-    reloaded = load_causal_lm(tmp_path)
+    reloaded = load_causal_lm(out)
     assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in model.state_dict().items())
-    assert json.loads((tmp_path / "config.json").read_text())["mtp_num_hidden_layers"] == 1
-    assert not list(tmp_path.glob("*.tmp"))
+    assert json.loads((out / "config.json").read_text())["mtp_num_hidden_layers"] == 1
+    if shards:
+        weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+        assert {name for key, name in weight_map.items() if key.startswith("mtp.")} == {"model-mtp.safetensors"}
+    assert _files(tmp_path / "target") == original  # only read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["once", "target", "twice"]  # no staging left behind
+    with pytest.raises(FileExistsError, match="not empty"):
+        write_mtp(head, tmp_path / "target", tmp_path / "target")  # never in place
+
+
+@pytest.mark.parametrize("shards", [False, True])
+def test_a_write_mtp_failing_midway_leaves_no_checkpoint_and_no_staging(tmp_path: Path, shards: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    import specdec.training.mtp as mtp
+
+    model = _tiny_qwen3(tmp_path / "target", shards)
+    original = _files(tmp_path / "target")
+
+    def full_disk(path: Path, data: dict) -> None:  # the weights are written by now, the index or config fails
+        raise OSError(f"no space left to write {path.name}")
+
+    monkeypatch.setattr(mtp, "write_json", full_disk)
+    with pytest.raises(OSError, match="no space left"):
+        write_mtp(create_mtp_head(model.config, seed=1), tmp_path / "target", tmp_path / "out")
+    assert _files(tmp_path / "target") == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
 
 
 def test_batched_feature_heads_match_their_one_row_calls():

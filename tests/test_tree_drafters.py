@@ -15,12 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import PreTrainedModel
 
+from specdec.protocols import RowView, row_view
 import specdec
 from specdec import Draft, DraftContext, Sampling
 from specdec.cli.common import parse_drafter_spec
-from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_choices import HEAD_DECAY, HEAD_TOP1, RANK_DECAY, check_medusa_choices, default_medusa_choices
-from specdec.drafters.ngram import NgramDrafter, NgramIndex
+from specdec.drafters.feature_heads.medusa import MedusaDrafter
+from specdec.drafters.feature_heads.medusa_choices import HEAD_DECAY, HEAD_TOP1, RANK_DECAY, check_medusa_choices, default_medusa_choices
+from specdec.drafters.model_free.ngram import NgramDrafter, NgramIndex
 from specdec.runtime.target import CausalLM
 from specdec.trees import children, depths
 from test_lossless_statistical import (ALPHA, MODEL, PROMPT as SHORT_PROMPT, TRUNCATED, chi_square_p_value,
@@ -56,9 +57,9 @@ class Recorder:
     names draft nodes whose tokens are exactly the newly committed ones."""
 
     def __init__(self, inner: object) -> None:
-        self.inner, self.drafts, self.accepted = inner, [], []
+        self.inner, self.drafts, self.accepted = row_view(inner), [], []
         self.name = getattr(inner, "name", "recorder")
-        self.uses_hidden_states = getattr(inner, "uses_hidden_states", False)
+        self.uses_hidden_states = getattr(self.inner, "uses_hidden_states", False)
         self._length = 0
 
     def prefill(self, ctx: DraftContext) -> None:
@@ -89,7 +90,7 @@ def test_continuations_of_several_matches_merge_as_a_breadth_first_trie():
     index = NgramIndex(1, 2, branches=3)
     index.extend([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2])
     assert index.continuations(2) == [[5, 1], [4, 1], [3, 1]]  # latest match first
-    drafter = NgramDrafter(max_ngram=2, branches=3)
+    drafter = RowView(NgramDrafter(max_ngram=2, branches=3))
     ctx = DraftContext(torch.tensor([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]), Sampling(), torch.Generator(),
                        CausalLM(_target("llama")), VOCAB)
     draft = drafter.propose(ctx, 2)
@@ -107,7 +108,7 @@ def test_shared_prefixes_are_stored_once_and_the_first_path_is_the_chain():
     paths = tree.continuations(4)
     assert paths == [[1, 2, 5, 4], [1, 2, 8, 6], [1, 2, 8, 9]]
     assert paths[0] == chain.continuation(4)
-    drafter = NgramDrafter(branches=3)
+    drafter = RowView(NgramDrafter(branches=3))
     ctx = DraftContext(torch.tensor(ids), Sampling(), torch.Generator(), CausalLM(_target("llama")), VOCAB)
     draft = drafter.propose(ctx, 4)
     assert draft.tokens.tolist() == [1, 2, 5, 8, 4, 6, 9]  # "1 2" once, "8" once
@@ -121,10 +122,10 @@ def test_identical_continuations_add_nothing_and_one_distinct_path_is_a_chain():
     assert index.continuations(3) == [[3, 1, 2]]
     ctx = DraftContext(torch.tensor([1, 2, 3, 1, 2, 3, 1, 2]), Sampling(), torch.Generator(),
                        CausalLM(_target("llama")), VOCAB)
-    draft = NgramDrafter(max_ngram=2, branches=4).propose(ctx, 3)
+    draft = RowView(NgramDrafter(max_ngram=2, branches=4)).propose(ctx, 3)
     assert draft.parents is None and draft.tokens.tolist() == [3, 1, 2]
     short = DraftContext(torch.tensor([1, 2]), Sampling(), torch.Generator(), ctx.target, VOCAB)
-    assert NgramDrafter(branches=4).propose(short, 3).tokens.numel() == 0  # no match: nothing
+    assert RowView(NgramDrafter(branches=4)).propose(short, 3).tokens.numel() == 0  # no match: nothing
 
 
 def test_shorter_ngrams_fill_in_when_the_longest_has_fewer_matches_than_branches():
@@ -227,7 +228,7 @@ class IndexChecker(Recorder):
 
     def propose(self, ctx: DraftContext, k: int) -> Draft:
         draft = super().propose(ctx, k)
-        assert self.inner._index.ids == ctx.tokens.tolist()
+        assert self.inner.drafter._indexes[0].ids == ctx.tokens.tolist()
         return draft
 
 
@@ -292,7 +293,7 @@ def test_default_tree_is_prefix_closed_breadth_first_and_the_best_scored_paths()
 
 def test_medusa_tree_is_the_heads_top_k_breadth_first_and_cut_at_depth_k(tmp_path):
     heads = random_heads()
-    drafter = MedusaDrafter(checkpoint(tmp_path, heads), medusa_choices=list(reversed(CHOICES)))
+    drafter = RowView(MedusaDrafter(checkpoint(tmp_path, heads), medusa_choices=list(reversed(CHOICES))))
     lm = CausalLM(_target("llama"))
     lm.reset()
     with torch.inference_mode():
@@ -305,7 +306,7 @@ def test_medusa_tree_is_the_heads_top_k_breadth_first_and_cut_at_depth_k(tmp_pat
             assert draft.tokens.tolist() == [top[len(path) - 1][path[-1]] for path in expected]
             assert draft.parents.tolist() == [-1, -1, 0, 0, 1, 2][: len(expected)]
             assert_well_formed(draft, k)
-        chain = MedusaDrafter(tmp_path)
+        chain = RowView(MedusaDrafter(tmp_path))
         chain.prefill(ctx)
         assert chain.propose(ctx, 3).tokens.tolist() == [top[0][0], top[1][0], top[2][0]]  # the first path
 
@@ -346,7 +347,7 @@ class HiddenChecker(Recorder):
             fresh = CausalLM(ctx.target.model)
             fresh.reset()
             _, hidden = fresh.forward(ctx.tokens[:-1], keep=1, hidden=(fresh.num_layers,))
-            torch.testing.assert_close(self.inner._last, hidden[-1:], rtol=0, atol=1e-9)
+            torch.testing.assert_close(self.inner.drafter._last[0], hidden[-1:], rtol=0, atol=1e-9)
         return draft
 
 

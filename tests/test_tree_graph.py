@@ -1,4 +1,4 @@
-"""The fixed-shape EAGLE-2 tree (`specdec.drafters.tree_graph.topk_tree`) against the host-side
+"""The fixed-shape EAGLE-2 tree (`specdec.drafters.tree_search.graph.topk_tree`) against the host-side
 search it replaces in the drafters (`grow_tree`, kept as the reference): the same nodes, the same
 parents, and the same attention masks for each depth's forward as `TreeColumns` gives."""
 
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.drafters.tree_graph import expansions, topk_tree, tree_depth
-from specdec.drafters.tree_search import DynamicTree, TreeColumns, grow_tree
+from specdec.drafters.tree_search.graph import expansions, topk_tree, tree_depth
+from specdec.drafters.tree_search.dynamic import DynamicTree, TreeColumns, grow_tree
 
 VOCAB = 24
 

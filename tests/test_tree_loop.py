@@ -20,6 +20,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
+from specdec.protocols import row_view
 import specdec
 from drafters_for_tests import (ChainAsTree, GarbageDrafter, OracleTreeDrafter, RandomQDrafter, RandomTreeDrafter,
                                 TopKTreeDrafter, TreeRecorder)
@@ -289,7 +290,7 @@ class HiddenProbe:
     uses_hidden_states: ClassVar[bool] = True
 
     def __init__(self, inner: TreeRecorder) -> None:
-        self.inner = inner
+        self.inner = row_view(inner)
         self.seen: list[tuple[list[int], torch.Tensor]] = []
 
     def max_draft_nodes(self, k: int) -> int:

@@ -102,6 +102,25 @@ def test_the_enumeration_catches_a_block_that_stops_at_its_first_failure(monkeyp
         assert_lossless(model, law, 3, "stop at the first failure")  # type: ignore[arg-type]
 
 
+def kept_below_squared_tests(h: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Lossy: each prefix i passes when its uniform falls below h_i squared, while the verdict
+    reports h_i. Weighted by what a verifier reports, the enumeration cannot tell it from the real
+    rule; weighted by the thresholds its uniforms are compared with, it must."""
+    passed = torch.cat([torch.ones(1, dtype=torch.bool), uniforms < h[1:] ** 2])
+    return (passed.long() * torch.arange(uniforms.shape[0] + 1)).max()
+
+
+def test_the_enumeration_catches_a_test_against_another_threshold_than_the_one_reported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec.verifier import block as module
+
+    monkeypatch.setattr(module, "kept_prefix", kept_below_squared_tests)
+    model = Constant((1 / 3, 2 / 3), (2 / 3, 1 / 3))
+    law = marginal_verifier_law(as_tree(verify_block), model, chain_parents(2), "shared")
+    with pytest.raises(AssertionError, match="off by"):
+        assert_lossless(model, law, 3, "u < h**2")  # type: ignore[arg-type]
+
+
 class TwoRows:
     """A context-dependent case where keeping one token of two leaves a residual of two ids:
     after d_1 = 0 (w_1 = 0.8), max(0, w_1 p_2 - q_2) = (0, 0.38, 0.14)."""

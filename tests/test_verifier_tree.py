@@ -17,9 +17,12 @@ sampling to a fixed length must give exactly the product of the p's (`assert_los
 
 The real code (`exact_law`) is tied to the calculator without sampling error: torch.rand and
 torch.multinomial are replaced by scripted draws, and every branch of the verifier's decisions
-is enumerated, weighted by P(U < acceptance) (the verifier's documented comparison of each
-uniform with the `acceptance` it reports) or by the distribution handed to multinomial. A seeded
-Monte-Carlo chi-square then checks the real draws (direction of the comparison, the generator).
+is enumerated, weighted by P(U < t) for the threshold t each uniform is actually compared with,
+or by the distribution handed to multinomial. A uniform compared as a tensor tells its threshold
+in the comparison; one read as a Python float is weighted by the `acceptance` the verifier
+reports and fed again at it, just below and at, to show that it is the threshold (`ScriptedDraws`).
+A seeded Monte-Carlo chi-square then checks the real draws (direction of the comparison, the
+generator).
 """
 
 from __future__ import annotations
@@ -304,37 +307,61 @@ def assert_same_law(actual: Law, expected: Law, context: str) -> None:
 
 # --- the real verifier's exact law: scripted draws ------------------------------------------------
 
-LOW, HIGH = 0.0, math.nextafter(1.0, 0.0)  # a uniform below / at least any acceptance in (0, 1)
+LOW, HIGH = 0.0, math.nextafter(1.0, 0.0)  # a uniform below / at least any threshold in (0, 1)
+
+# Tensor comparisons by name -> whether "uniform OP threshold" holding means the uniform is below it
+# (a continuous U makes < and <= one event, > and >= the other)
+BELOW = {"lt": True, "__lt__": True, "less": True, "le": True, "__le__": True, "less_equal": True,
+         "gt": False, "__gt__": False, "greater": False, "ge": False, "__ge__": False, "greater_equal": False}
+KEEPS_DRAWS = ("__getitem__", "reshape", "view", "flatten", "squeeze", "unsqueeze")  # each element stays one draw
+TRANSPARENT = ("__get__", "__set__", "__len__", "dim", "size", "numel")  # shapes and dtypes: nothing is read
 
 
 class ScriptedDraws:
     """Stand-ins for torch.rand and torch.multinomial that follow a script of choices.
 
-    A uniform's choice 0 stands for the event U < a, choice 1 for U >= a (a: the acceptance the
-    verifier reports for that draw); a multinomial's choice c picks the c-th token of its support.
+    A uniform's choice 0 stands for the event U < t, choice 1 for U >= t, where t is the threshold
+    the verifier compares it with; a multinomial's choice c picks the c-th token of its support.
     Past the script every draw takes choice 0 and records how many choices it had.
+
+    A uniform's threshold is what the verifier does with the draw, not what it reports: compared as
+    a tensor (`Uniforms`: the token-wise and block rules), the comparison names its threshold, is
+    recorded, and answers the scripted outcome. Read as a number (float(), item(), tolist(): the
+    tree walks compare Python floats), it gives LOW or HIGH (or `values[i]`), and its threshold is
+    the verifier's `acceptance` entry, paired in draw order, which `exact_law` then tests by feeding
+    the draw at that threshold. A uniform neither compared nor read decides nothing (weight 1).
     """
 
-    def __init__(self, script: tuple[int, ...]) -> None:
-        self.script = script
+    def __init__(self, script: Sequence[int], values: dict[int, float] | None = None) -> None:
+        self.script = tuple(script)
+        self.values = values or {}  # uniform draw -> the value it reads as (else LOW or HIGH)
         self.kinds: list[str] = []
         self.options: list[int] = []
         self.weights: list[float | None] = []  # None for uniforms: known after the call
+        self.thresholds: dict[int, float] = {}  # uniform draw -> the threshold a tensor comparison gave it
+        self.read: set[int] = set()  # uniform draws read as numbers
+        self.reported: dict[int, float] = {}  # read draws -> the threshold the verifier reports (`resolve`)
+
+    def choice(self, index: int) -> int:
+        return self.script[index] if index < len(self.script) else 0
 
     def _choose(self, kind: str, options: int) -> int:
         index = len(self.kinds)
         self.kinds.append(kind)
         self.options.append(options)
-        return self.script[index] if index < len(self.script) else 0
+        return self.choice(index)
 
     def rand(self, *size: Any, generator: Any = None, dtype: torch.dtype | None = None, device: Any = None,
              **_: Any) -> torch.Tensor:
         shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        first = len(self.kinds)
         values = []
         for _ in range(math.prod(shape)):
-            values.append(HIGH if self._choose("u", 2) else LOW)
+            choice = self._choose("u", 2)
             self.weights.append(None)
-        return torch.tensor(values, dtype=dtype or torch.float32).reshape(shape)
+            values.append(self.values.get(len(self.kinds) - 1, HIGH if choice else LOW))
+        return Uniforms.made(self, torch.tensor(values, dtype=dtype or torch.float32).reshape(shape),
+                             list(range(first, len(self.kinds))))
 
     def multinomial(self, distribution: torch.Tensor, num_samples: int, replacement: bool = False,
                     generator: Any = None, **_: Any) -> torch.Tensor:
@@ -345,16 +372,75 @@ class ScriptedDraws:
         self.weights.append(float(distribution[token] / distribution.sum()))
         return torch.tensor([token])
 
+    def compare(self, index: int, threshold: float, below: bool) -> bool:
+        """Whether uniform `index` is below `threshold` (below=True) or at least it, as scripted."""
+        known = self.thresholds.setdefault(index, threshold)
+        assert known == threshold or known != known, f"uniform {index} compared with {known}, then {threshold}"
+        return (self.choice(index) == 0) == below
+
     def resolve(self, acceptance: list[float]) -> list[float]:
-        """The probability of each choice taken, uniforms paired with the acceptances in order."""
+        """The probability of each choice taken: a compared uniform's from its threshold, a read one's
+        from the `acceptance` entry of its place among the uniforms drawn."""
         uniforms = [i for i, kind in enumerate(self.kinds) if kind == "u"]
-        assert len(uniforms) == len(acceptance), f"{len(uniforms)} uniforms drawn, {len(acceptance)} acceptances"
+        read = [i for i in uniforms if i in self.read and i not in self.thresholds]
+        if read:
+            assert len(uniforms) == len(acceptance), f"{len(uniforms)} uniforms drawn, {len(acceptance)} acceptances"
+            self.reported = {i: a for i, a in zip(uniforms, acceptance) if i in read}
         weights = list(self.weights)
-        for i, a in zip(uniforms, acceptance):
-            a = min(1.0, max(0.0, a))
-            choice = self.script[i] if i < len(self.script) else 0
-            weights[i] = a if choice == 0 else 1.0 - a
+        for i in uniforms:
+            t = min(1.0, max(0.0, self.thresholds.get(i, self.reported.get(i, 1.0))))
+            weights[i] = t if self.choice(i) == 0 else 1.0 - t
         return weights  # type: ignore[return-value]
+
+
+class Uniforms(torch.Tensor):
+    """ScriptedDraws.rand's tensor: each element knows its draw (`draws`, in element order).
+    Compared with a tensor or a number, it answers each draw's scripted outcome and records the
+    threshold (`ScriptedDraws.compare`); indexed or reshaped, its elements keep their draws; used
+    any other way (float(), tolist(), arithmetic), its draws count as read as numbers."""
+
+    source: ScriptedDraws
+    draws: list[int]
+
+    @staticmethod
+    def made(source: ScriptedDraws, values: torch.Tensor, draws: list[int]) -> Uniforms:
+        out = values.as_subclass(Uniforms)
+        out.source, out.draws = source, draws
+        return out
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        with torch._C.DisableTorchFunctionSubclass():
+            if name in TRANSPARENT:
+                return func(*args, **kwargs)
+            mine = [arg for arg in args if isinstance(arg, Uniforms)]
+            mine += [item for arg in (*args, *kwargs.values()) if isinstance(arg, (list, tuple))  # torch.cat's list
+                     for item in arg if isinstance(item, Uniforms)]
+            if name in BELOW and len(args) == 2 and not kwargs and len(mine) == 1:
+                first, second = args
+                if first is mine[0]:
+                    return first.compared(second, BELOW[name])
+                if second is mine[0]:
+                    return second.compared(first, not BELOW[name])  # threshold OP uniform
+            out = func(*args, **kwargs)
+            if name in KEEPS_DRAWS and len(mine) == 1 and args[0] is mine[0] and isinstance(out, torch.Tensor):
+                index = torch.tensor(mine[0].draws).reshape(mine[0].shape)
+                return Uniforms.made(mine[0].source, out, func(index, *args[1:], **kwargs).flatten().tolist())
+        for uniforms in mine:
+            uniforms.source.read.update(uniforms.draws)
+        return out
+
+    def compared(self, threshold: Any, below: bool) -> torch.Tensor:
+        """The scripted outcome of each element against its threshold, elementwise (torch functions off)."""
+        thresholds = threshold.to(torch.float64) if isinstance(threshold, torch.Tensor) else \
+            torch.tensor(float(threshold), dtype=torch.float64)
+        values, index = torch.broadcast_tensors(thresholds, torch.tensor(self.draws).reshape(self.shape))
+        assert index.numel() == len(self.draws), "one uniform compared with several thresholds at once"
+        outcome = [self.source.compare(draw, value, below)
+                   for draw, value in zip(index.flatten().tolist(), values.flatten().tolist())]
+        return torch.tensor(outcome, dtype=torch.bool).reshape(index.shape)
 
 
 @contextmanager
@@ -363,26 +449,51 @@ def scripted(draws: ScriptedDraws) -> Iterator[None]:
         yield
 
 
+def _outcome(draws: ScriptedDraws, verdict: Verdict) -> tuple[Any, ...]:
+    """What a run did: its draws in order (kind, choices, a multinomial's weight) and its verdict."""
+    return (draws.kinds, draws.options, draws.weights, verdict.accepted_nodes, verdict.tokens.tolist())
+
+
+def check_read_thresholds(run: Callable[[], Verdict], draws: ScriptedDraws, verdict: Verdict) -> None:
+    """The uniforms `run` read as numbers were weighted by the thresholds it reports: run it again
+    with each fed just below its threshold where the script has U < t, at it where U >= t. The
+    same branches must follow; a verifier that compares with anything else takes another at one
+    of them (so does u <= t, though it differs from u < t with probability zero). Over the two
+    branches of one draw this pins t to the reported value."""
+    values = {i: math.nextafter(a, -math.inf) if draws.choice(i) == 0 else a for i, a in draws.reported.items()}
+    probe = ScriptedDraws([draws.choice(i) for i in range(len(draws.kinds))], values)
+    with scripted(probe):
+        again = run()
+    assert _outcome(probe, again) == _outcome(draws, verdict), (
+        f"fed just below or at the thresholds it reports (draw: value {values}), the verifier took other "
+        f"branches: it compares its uniforms with something other than the acceptance it reports")
+
+
 def exact_law(run: Callable[[], Verdict]) -> Law:
     """The exact law of (accepted path, emitted tokens) of `run()`, every branch of its draws enumerated."""
     law: defaultdict = defaultdict(float)
     pending: list[tuple[int, ...]] = [()]
+    checked: set[tuple[int, ...]] = set()  # the choices up to and including each read uniform fed at its threshold
     while pending:
         script = pending.pop()
         draws = ScriptedDraws(script)
         with scripted(draws):
             verdict = run()
-        acceptance = [] if verdict.acceptance is None else verdict.acceptance.tolist()
-        weights = draws.resolve(acceptance)
+        weights = draws.resolve([] if verdict.acceptance is None else verdict.acceptance.tolist())
         for i in range(len(script), len(draws.kinds)):
             if any(w == 0.0 for w in weights[:i]):
                 break
             for alternative in range(1, draws.options[i]):
                 if draws.kinds[i] == "u" and weights[i] == 1.0:
-                    continue  # a = 1: U >= a has probability 0
+                    continue  # t = 1 (or a uniform that decides nothing): U >= t has probability 0
                 pending.append(script + tuple(0 for _ in range(len(script), i)) + (alternative,))
         weight = math.prod(weights)
         if weight > 0:
+            taken = [draws.choice(i) for i in range(len(draws.kinds))]
+            ways = {tuple(taken[: i + 1]) for i in draws.reported}
+            if not ways <= checked:  # a read uniform no earlier run reached this way (most share their parent's)
+                check_read_thresholds(run, draws, verdict)
+                checked |= ways
             law[tuple(verdict.accepted_nodes), tuple(verdict.tokens.tolist())] += weight
     return dict(law)
 
@@ -411,7 +522,8 @@ def _rows(p: torch.Tensor | Callable[[int], torch.Tensor]) -> Callable[[int], to
 
 def _buggy_verify_tree(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
                        parents: Sequence[int], q: torch.Tensor | None, generator: torch.Generator | None,
-                       *, stale_bonus: bool = False, dedup: bool = False, keep_p: bool = False) -> Verdict:
+                       *, stale_bonus: bool = False, dedup: bool = False, keep_p: bool = False,
+                       squared: bool = False) -> Verdict:
     """The tree walk with one known bug switched on (each flag is LOSSY):
 
     stale_bonus: after accepting a leaf, the bonus comes from p' of the level the leaf was tried
@@ -419,7 +531,9 @@ def _buggy_verify_tree(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: 
     dedup: each distinct token is tried once among siblings, though i.i.d. siblings must each be
         tried against the residual;
     keep_p: a rejected sibling leaves p' unchanged, so the next sibling and the correction see
-        p, not the residual (a rejected deterministic candidate can come straight back).
+        p, not the residual (a rejected deterministic candidate can come straight back);
+    squared: a child is accepted when its uniform falls below its acceptance squared, while the
+        verdict reports the acceptance itself.
     """
     row_of = _rows(p)
     dtype = row_of(0).dtype
@@ -440,7 +554,7 @@ def _buggy_verify_tree(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: 
             seen.add(token)
             accept = float(distribution[token]) if q is None else min(1.0, float(distribution[token] / q[child, token]))
             tried.append(accept)
-            if float(torch.rand((), generator=generator, dtype=dtype)) < accept:
+            if float(torch.rand((), generator=generator, dtype=dtype)) < (accept**2 if squared else accept):
                 chosen = child
                 break
             if not keep_p:
@@ -466,6 +580,10 @@ def verify_tree_dedup_siblings(p, tokens, parents, q, generator) -> Verdict:  # 
 
 def verify_tree_siblings_against_p(p, tokens, parents, q, generator) -> Verdict:  # type: ignore[no-untyped-def]
     return _buggy_verify_tree(p, tokens, parents, q, generator, keep_p=True)
+
+
+def verify_tree_squared(p, tokens, parents, q, generator) -> Verdict:  # type: ignore[no-untyped-def]
+    return _buggy_verify_tree(p, tokens, parents, q, generator, squared=True)
 
 
 def verify_tree_smoothed(p: torch.Tensor | Callable[[int], torch.Tensor], tokens: torch.Tensor,
@@ -606,6 +724,15 @@ def test_scripted_enumeration_reproduces_the_chain_closed_form() -> None:
         for (_, emitted), w in exact_law(lambda: verify_chain(p, torch.tensor([d]), q, None)).items():
             out[emitted[0]] += float(q[0, d]) * w
     assert [out[t] for t in range(4)] == pytest.approx(p[0].tolist(), abs=1e-12)
+
+
+def test_the_enumeration_weighs_each_uniform_by_the_threshold_it_is_compared_with() -> None:
+    """A tree walk that accepts when u < a**2 while reporting a (its uniforms read as floats): fed at
+    the thresholds it reports, it takes other branches, and the harness says so."""
+    model, parents = PrefixModel(0, 3), [-1, -1, 0]
+    assert_lossless(model, marginal_verifier_law(_buggy_verify_tree, model, parents, "shared"), 3, "the walk")
+    with pytest.raises(AssertionError, match="took other branches"):
+        marginal_verifier_law(verify_tree_squared, model, parents, "shared")
 
 
 # Fixed trees for the Monte-Carlo check of the real draws: (parents, mode, vocab, sampling, seed).

@@ -21,10 +21,10 @@ from specdec.data.corpus import stdlib_corpus
 from specdec.data.datastore import open_datastore
 from specdec.data.prompts import code_prompts
 from specdec.zoo.measure import read_evaluation
-from specdec.drafters.eagle import load_eagle
-from specdec.drafters.eagle3_files import load_eagle3
-from specdec.drafters.medusa import load_medusa
-from specdec.drafters.mtp import load_mtp
+from specdec.drafters.feature_heads.eagle import load_eagle
+from specdec.drafters.feature_heads.eagle3_files import load_eagle3
+from specdec.drafters.feature_heads.medusa_files import load_medusa
+from specdec.drafters.feature_heads.mtp import load_mtp
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import evaluate
 from specdec.training.draft_model import DraftModelStudent

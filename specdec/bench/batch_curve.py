@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from specdec.bench.peers import hf_generate_batch, hf_missing
 from specdec.bench.report import NOISE_BOUND, over_rounds
 from specdec.bench.runner import Contender
-from specdec.decoding.generate_batch import generate_batch
+from specdec.decoding.generate import generate_batch
 from specdec.plugins import make_drafter
 from specdec.protocols import forget
 from specdec.runtime.engine import compile_seconds

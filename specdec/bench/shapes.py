@@ -109,9 +109,10 @@ def drafter_factories(target: PreTrainedModel, directory: Path, names: Sequence[
     """Makers of the drafters `names` for a random target; heads are random and written to `directory`."""
     from safetensors.torch import save_file
 
-    from specdec.drafters.eagle import save_eagle
-    from specdec.drafters.medusa import MedusaHeads, save_medusa
-    from specdec.drafters.mtp_files import mtp_checkpoint_keys
+    from specdec.drafters.feature_heads.eagle import save_eagle
+    from specdec.drafters.feature_heads.medusa_head import MedusaHeads
+    from specdec.drafters.feature_heads.medusa_files import save_medusa
+    from specdec.drafters.feature_heads.mtp_files import mtp_checkpoint_keys
     from specdec.plugins import make_drafter
     from specdec.training.eagle import EagleStudent
     from specdec.training.mtp import create_mtp_head

@@ -66,7 +66,7 @@ def read_prompts(path: str) -> list[str]:
 
 def _generate_batch_command(args: argparse.Namespace, sampling: Sampling) -> int:
     """`specdec generate --prompts FILE`: every prompt in one batch (`specdec.generate_batch`)."""
-    from specdec.decoding.generate_batch import generate_batch
+    from specdec.decoding.generate import generate_batch
 
     if args.prompt is not None:
         raise CLIError("give either a prompt or --prompts FILE, not both")

@@ -1,29 +1,38 @@
-"""`specdec.generate`: check the arguments, set up one run, and decode it (`specdec.decoding.loop`)."""
+"""`specdec.generate` and `specdec.generate_batch`: check the arguments, set up one run of one or
+more rows, and decode it (`specdec.decoding.loop`). `generate` is `generate_batch` of one prompt."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec.decoding.loop import Run, decode
+from specdec.decoding.counters import Counters
+from specdec.decoding.drafting import hidden_layers
+from specdec.decoding.loop import decode
+from specdec.decoding.row_drafters import RowDrafters
+from specdec.decoding.run import Plan, Row, Run
+from specdec.distributed.agreement import Agreement
 from specdec.processing.pipeline import Pipeline
-from specdec.protocols import Drafter
+from specdec.protocols import Capability, Drafter, check_declarations, declares, is_rows_drafter
+from specdec.runtime.batch_target import BatchLM
+from specdec.runtime.rows import OneRow
 from specdec.runtime.target import CausalLM
 from specdec.teaching.trace import Trace
-from specdec.types import Engine, Generation, Sampling, UNDECLARED_NODES
+from specdec.types import BatchGenerations, Engine, Generation, Sampling, UNDECLARED_NODES, static_capacity
 from specdec.verifier import DEFAULT_RULE, VERIFY_RULES, DraftError, check_verify_rule
 
-__all__ = ["generate", "make_pipeline"]
+__all__ = ["HOLE_ROOM", "engine_for", "generate", "generate_batch", "make_pipeline", "resolve_drafter"]
+
+HOLE_ROOM = 128  # a batch's cache columns beyond the longest row and the widest verify, for holes before a compaction
 
 
 def generate(
     target: PreTrainedModel | CausalLM,
     input_ids: Sequence[int] | torch.Tensor,
-    drafter: Drafter | str | None = None,
+    drafter: Drafter | Any | str | None = None,
     num_draft_tokens: int = 4,
     max_new_tokens: int = 128,
     sampling: Sampling = Sampling(),
@@ -50,29 +59,100 @@ def generate(
     "traversal"; every rule is lossless, they differ in how many draft tokens they keep.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
+    prompt = _prompt(input_ids, lm, max_new_tokens)
+    return _generate(lm, [prompt], drafter, num_draft_tokens, max_new_tokens, sampling, eos_token_id, seed, compile,
+                     tokenizer, verify_rule, [trace])[0]
+
+
+def generate_batch(
+    target: PreTrainedModel | CausalLM,
+    prompts: Sequence[Sequence[int] | torch.Tensor],
+    drafter: Drafter | Any | str | None = None,
+    num_draft_tokens: int = 4,
+    max_new_tokens: int = 128,
+    sampling: Sampling = Sampling(),
+    eos_token_id: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    compile: bool = False,
+    tokenizer: Any = None,
+    verify_rule: str = DEFAULT_RULE,
+    traces: Sequence[Trace | None] | None = None,
+) -> BatchGenerations:
+    """Generate up to `max_new_tokens` tokens after each prompt, all rows in one target forward per step.
+
+    Each row is decoded exactly as `specdec.generate` decodes it alone: at temperature 0 its tokens
+    equal its own batch-1 decoding; above, its output follows plain sampling. Prompts may have
+    any lengths; every row accepts its own number of draft tokens per step (its rejected
+    positions stay in the cache as masked holes, `specdec.runtime.batch_target`), and a row that emits
+    a stop id or spends its budget stops drafting and leaves the batch forward. Row i draws its
+    random numbers from its own generator, seeded with `seed + i`. The drafter drafts for every
+    live row at once (`specdec.Drafter`; a drafter of the earlier one-row protocol with one
+    instance per row, `specdec.decoding.row_drafters`). `compile=True` runs the steps compiled, on a
+    few batch shapes. Settings that read the prefix (penalties, processors, a constraint, which
+    needs `tokenizer`) process each row from its own history, with its own constraint state.
+    `verify_rule` picks the verification rule, as for `specdec.generate`; `traces[i]`, if given,
+    records row i's steps as `generate(trace=)` does.
+
+    Returns one Generation per prompt, in order, with its row's Stats; `.totals` has the batch's.
+    """
+    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or isinstance(prompts, str) \
+            or not prompts:
+        raise ValueError("prompts must be a non-empty list of prompts (each a list of token ids or a 1-D "
+                         f"LongTensor), got {type(prompts).__name__}")
+    checked = []
+    for i, prompt in enumerate(prompts):
+        try:
+            checked.append(_prompt(prompt, lm, max_new_tokens))
+        except ValueError as error:
+            raise ValueError(f"prompts[{i}]: {error}") from error
+    if traces is not None and len(traces) != len(checked):
+        raise ValueError(f"traces must hold one Trace (or None) per prompt: {len(checked)} prompts, "
+                         f"{len(traces)} traces")
+    return _generate(lm, checked, drafter, num_draft_tokens, max_new_tokens, sampling, eos_token_id, seed, compile,
+                     tokenizer, verify_rule, list(traces) if traces is not None else [None] * len(checked))
+
+
+def _generate(lm: CausalLM, prompts: list[torch.Tensor], drafter: Any, num_draft_tokens: int, max_new_tokens: int,
+              sampling: Sampling, eos_token_id: int | Sequence[int] | None, seed: int | None, compile: bool,
+              tokenizer: Any, verify_rule: str, traces: list[Trace | None]) -> BatchGenerations:
+    """Set up the run of `prompts` (checked, on the model's device) and decode it."""
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     verify_rule = agreed_rule(lm, check_verify_rule(verify_rule))
-    prompt = _prompt(input_ids, lm, max_new_tokens)
-    resolved = _resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
+    resolved = resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
+    name = drafter_name(resolved)
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
-    pipeline = make_pipeline(sampling, lm.vocab_size, prompt.shape[0], tokenizer)
-    if pipeline.matcher is not None:
-        stop_ids |= frozenset(pipeline.matcher.stop_ids)
-    if compile and lm.static_obstacle is not None:
-        warnings.warn(f"specdec: {type(lm.model).__name__} decodes eagerly: {lm.static_obstacle}", stacklevel=2)
     k = num_draft_tokens if resolved is not None else 0
-    engine = engine_for(resolved, k, prompt.shape[0] + max_new_tokens, compile)
-    generator = torch.Generator(device=lm.device)
-    generator.manual_seed(agreed_seed(lm, seed))
-    if trace is not None:
-        trace.verify_rule = verify_rule  # what each step's tests mean (`specdec.teaching.trace_view`)
+    engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in prompts) + max_new_tokens, compile)
+    if compile and lm.static_obstacle is not None:
+        import warnings
+
+        warnings.warn(f"specdec: {type(lm.model).__name__} decodes eagerly: {lm.static_obstacle}", stacklevel=3)
+    base = agreed_seed(lm, seed)
     with torch.inference_mode():
-        tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)
-        tokens[: prompt.shape[0]] = prompt
+        pipelines = [make_pipeline(sampling, lm.vocab_size, prompt.shape[0], tokenizer) for prompt in prompts]
+        for pipeline in pipelines:
+            if pipeline.matcher is not None:
+                stop_ids |= frozenset(pipeline.matcher.stop_ids)
+        rows = []
+        for i, (prompt, pipeline, trace) in enumerate(zip(prompts, pipelines, traces)):
+            tokens = torch.zeros(engine.max_length + engine.verify_rows, dtype=torch.long, device=lm.device)
+            tokens[: prompt.shape[0]] = prompt
+            generator = torch.Generator(device=lm.device)
+            generator.manual_seed(base + i)
+            rows.append(Row(i, tokens, prompt.shape[0], generator, pipeline, Counters(num_draft_tokens), trace))
+            if trace is not None:
+                trace.verify_rule = verify_rule  # what each step's tests mean (`specdec.teaching.trace_view`)
+        if len(prompts) == 1:  # a batch of one: the adapter's own cache, rolled back by length
+            target: Any = OneRow(lm, engine)
+        else:
+            target = BatchLM(lm, len(prompts), static_capacity(engine.max_length + engine.verify_rows + HOLE_ROOM),
+                             compile=compile, engine=engine)
         stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=lm.device) if stop_ids else None
-        run = Run(lm, resolved, _drafter_name(resolved), num_draft_tokens, max_new_tokens, sampling, generator,
-                  stop, engine, tokens, prompt.shape[0], trace, pipeline=pipeline, verify_rule=verify_rule,
-                  tokenizer=tokenizer)
+        plan = Plan(name, k, max_new_tokens, sampling, frozenset(stop_ids), stop, engine, verify_rule, tokenizer,
+                    hidden_layers(resolved, name, lm))
+        run = Run(target, lm, resolved, plan, rows, Agreement(lm.ranks, engine),
+                  buckets=len(prompts) > 1 and target.compiled)
         return decode(run)
 
 
@@ -115,7 +195,7 @@ def agreed_rule(lm: CausalLM, rule: str) -> str:
 
 def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) -> Engine:
     """The Engine of a generation: `max_length` committed tokens at most, the loop's k, and the
-    drafter's declared tree budget and extra rows."""
+    drafter's declared tree budget and extra rows (`Capability.TREES`, `Capability.EXTRA_ROWS`)."""
     nodes = _draft_nodes(drafter, k)
     return Engine(compile=compile, max_length=max_length, max_draft=k,
                   draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
@@ -125,26 +205,24 @@ def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) 
 def _draft_nodes(drafter: Drafter | None, k: int) -> int | None:
     """The most nodes the drafter's drafts hold at depth k, as its `max_draft_nodes(k)` declares
     (k without a drafter); None when it declares nothing."""
-    declared = getattr(drafter, "max_draft_nodes", None)
     if drafter is None or k == 0:
         return k
-    if not callable(declared):
+    if not declares(drafter, Capability.TREES):
         return None
-    nodes = declared(k)
+    nodes = drafter.max_draft_nodes(k)  # type: ignore[attr-defined]
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise DraftError(f"drafter {_drafter_name(drafter)!r}: max_draft_nodes({k}) must return an int >= 1, "
+        raise DraftError(f"drafter {drafter_name(drafter)!r}: max_draft_nodes({k}) must return an int >= 1, "
                          f"got {nodes!r}")
     return max(nodes, k)
 
 
 def _extra_rows(drafter: Drafter | None, k: int) -> int:
     """The most extra rows the drafter's drafts carry, as its `extra_rows()` declares (0 without one)."""
-    declared = getattr(drafter, "extra_rows", None)
-    if drafter is None or k == 0 or not callable(declared):
+    if drafter is None or k == 0 or not declares(drafter, Capability.EXTRA_ROWS):
         return 0
-    rows = declared()
+    rows = drafter.extra_rows()  # type: ignore[attr-defined]
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise DraftError(f"drafter {_drafter_name(drafter)!r}: extra_rows() must return an int >= 0, got {rows!r}")
+        raise DraftError(f"drafter {drafter_name(drafter)!r}: extra_rows() must return an int >= 0, got {rows!r}")
     return rows
 
 
@@ -180,22 +258,30 @@ def _prompt(input_ids: Sequence[int] | torch.Tensor, lm: CausalLM, max_new_token
     return ids
 
 
-def _resolve_drafter(drafter: Drafter | str | None) -> Drafter | None:
+def resolve_drafter(drafter: Any) -> Drafter | None:
+    """The run's drafter: a registered name made, a `Drafter` as it is (its declarations checked),
+    and a drafter of the earlier one-row protocol through its adapter (`RowDrafters`)."""
     if drafter is None:
         return None
     if isinstance(drafter, str):
         from specdec.plugins import make_drafter
 
-        return make_drafter(drafter)
+        drafter = make_drafter(drafter)
     if isinstance(drafter, type):
         raise TypeError(f"pass a drafter instance, not the class {drafter.__name__} "
                         "(e.g. specdec.make_drafter(name, **options))")
     if not callable(getattr(drafter, "propose", None)):
-        raise TypeError(f"{type(drafter).__name__} is not a Drafter: it has no propose(ctx, k) method")
-    return drafter
+        raise TypeError(f"{type(drafter).__name__} is not a Drafter: it has no propose method")
+    if is_rows_drafter(drafter):
+        check_declarations(drafter, drafter_name(drafter))
+        return drafter
+    return RowDrafters(drafter, drafter_name(drafter))
 
 
-def _drafter_name(drafter: Drafter | None) -> str:
+def drafter_name(drafter: Any) -> str:
+    """The drafter's registry name (its class's name when it has none)."""
+    if isinstance(drafter, RowDrafters):
+        return drafter.name
     return str(getattr(drafter, "name", type(drafter).__name__))
 
 

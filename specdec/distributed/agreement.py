@@ -1,4 +1,4 @@
-"""The decode loops' agreements across ranks (`specdec.distributed.ranks`): a step's draft and its verdict,
+"""The decode loop's agreement across ranks (`specdec.distributed.ranks`): a step's draft and its verdict,
 each packed into one fixed-length integer tensor so that a single broadcast carries it.
 
 A draft packs as [n, tree, m, tokens (D), parents (D), extra ids (E), extra offsets (E),
@@ -14,20 +14,41 @@ import torch
 from specdec.distributed.ranks import Ranks
 from specdec.types import Draft, Engine, ExtraRows, Verdict
 
-__all__ = ["agree_draft", "agree_drafts", "agree_verdict", "agree_verdicts"]
+__all__ = ["Agreement", "agree_drafts", "agree_verdicts"]
 
 
-def agree_draft(ranks: Ranks, draft: Draft, parents: list[int] | None, engine: Engine, step: int
-                ) -> tuple[Draft, list[int] | None, bool]:
-    """The leader's draft and parents, and whether this rank's own were the same (probabilities
-    are kept only then)."""
-    return agree_drafts(ranks, [(draft, parents)], engine, f"draft of step {step}")[0]
+class Agreement:
+    """How the processes holding one target take each step's decisions together: the decode loop
+    passes its drafts and its verdicts through `drafts` and `verdicts` every step. Without ranks
+    (`ranks` None) both return what they are given; under ranks every rank takes the leader's,
+    so that every rank feeds the same draft and commits the same tokens whatever its own
+    drafter or generator did (the leader decides, the others receive)."""
+
+    def __init__(self, ranks: Ranks | None, engine: Engine) -> None:
+        self.ranks, self.engine = ranks, engine
+
+    def drafts(self, drafts: list[tuple[Draft, list[int] | None]], step: int
+               ) -> list[tuple[Draft, list[int] | None, bool]]:
+        """Each row's draft and parents, in the same row order on every rank, and whether this
+        rank's own were the leader's (probabilities are kept only then: a rank whose draft was
+        not the leader's cannot decide that row's verdict)."""
+        if self.ranks is None or not drafts:
+            return [(draft, parents, True) for draft, parents in drafts]
+        return agree_drafts(self.ranks, drafts, self.engine, f"drafts of step {step}")
+
+    def verdicts(self, verdicts: list[tuple[Verdict | None, int]], step: int, device: torch.device
+                 ) -> list[tuple[Verdict, int]]:
+        """Each row's verdict and stop index (None: this rank did not decide it), the leader's."""
+        if self.ranks is None:
+            assert all(verdict is not None for verdict, _ in verdicts), "a row without a verdict, and no leader"
+            return verdicts  # type: ignore[return-value]
+        return agree_verdicts(self.ranks, verdicts, self.engine.draft_nodes, f"verdicts of step {step}", device)
 
 
 def agree_drafts(ranks: Ranks, drafts: list[tuple[Draft, list[int] | None]], engine: Engine, what: str
                  ) -> list[tuple[Draft, list[int] | None, bool]]:
-    """`agree_draft` for every row of a batch step at once (one broadcast), rows in the same order
-    on every rank."""
+    """The leader's draft and parents of every row of a step at once (one broadcast), rows in the
+    same order on every rank, and whether this rank's own were the same."""
     nodes, extra_rows = engine.draft_nodes, engine.extra_rows
     own = torch.stack([_pack_draft(draft, parents, nodes, extra_rows) for draft, parents in drafts])  # (rows, L)
     agreed = ranks.agree(own.reshape(-1), what).reshape(own.shape)
@@ -38,16 +59,10 @@ def agree_drafts(ranks: Ranks, drafts: list[tuple[Draft, list[int] | None]], eng
     return out
 
 
-def agree_verdict(ranks: Ranks, verdict: Verdict | None, stop_at: int, nodes: int, step: int,
-                  device: torch.device) -> tuple[Verdict, int]:
-    """The leader's verdict and stop index, its tokens on `device` (`verdict` None: this rank did
-    not decide, its draft was not the leader's)."""
-    return agree_verdicts(ranks, [(verdict, stop_at)], nodes, f"verdict of step {step}", device)[0]
-
-
 def agree_verdicts(ranks: Ranks, verdicts: list[tuple[Verdict | None, int]], nodes: int, what: str,
                    device: torch.device) -> list[tuple[Verdict, int]]:
-    """`agree_verdict` for every row of a batch step at once (one broadcast)."""
+    """The leader's verdict and stop index of every row of a step at once (one broadcast), its
+    tokens on `device` (a verdict None: this rank did not decide, its draft was not the leader's)."""
     own = torch.stack([_pack_verdict(verdict, stop_at, nodes, device) for verdict, stop_at in verdicts])
     agreed = ranks.agree(own.reshape(-1), what).reshape(own.shape).to(device)
     out = []

@@ -6,7 +6,8 @@ may import `specdec.checkpoints`, `specdec.staging` and `specdec.drafters` (thei
 
 `EXPORTERS` maps each drafter kind to the module that exports it: its `write(src, engine, staging,
 target)` puts one export's files into an empty directory, its `read(exported, engine, scratch)`
-gives a directory specdec's own loader reads (the round-trip check). What each engine loads is
+gives a directory specdec's own loader reads (the round-trip check), its `SOURCE_FILES` the files
+a hub id given as SRC must provide (`specdec.checkpoints.resolve_checkpoint`). What each engine loads is
 written down in `specdec.export.layouts`; a kind joins by one module, one `EXPORTERS` entry and its
 layouts there.
 An export is written beside `out` and renamed onto it at the end (`specdec.staging`).
@@ -27,6 +28,8 @@ __all__ = ["ENGINES", "EXPORTERS", "LAYOUTS", "UNSUPPORTED", "Exporter", "Layout
 
 class Exporter(Protocol):
     """What a kind's module provides (imported only when that kind is exported)."""
+
+    SOURCE_FILES: tuple[str, ...]  # the files SRC's hub repository must give (`resolve_checkpoint`'s files)
 
     def write(self, src: Path, engine: str, staging: Path, target: Path | None) -> None:
         """Write the drafter at `src` in `engine`'s layout into the empty directory `staging`."""
@@ -57,7 +60,7 @@ def export(kind: str, src: str | Path, to: str, out: str | Path, target: str | P
     layout_for(kind, to)  # refuses what the engine cannot load, before anything is read
     from specdec.checkpoints import resolve_checkpoint
 
-    src, out = resolve_checkpoint(src, f"export: SRC ({kind} checkpoint)"), Path(out)
+    src, out = resolve_checkpoint(src, f"export: SRC ({kind} checkpoint)", exporter.SOURCE_FILES), Path(out)
     if target is not None:
         target = resolve_checkpoint(target, "export: --target")
     check_out(out)

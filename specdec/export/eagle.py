@@ -8,7 +8,7 @@ fc bias and in how the config names the architecture:
   `bias: false` and a head whose fc bias is not zero is refused (dropping it would change drafts);
 - SGLang always builds fc with a bias and also reads `bias` as the attention's bias, so the config
   has no `bias` and a head without one gets a zero bias (the same drafts).
-specdec's own loader (`specdec.drafters.eagle.load_eagle`) reads both exports as they are.
+specdec's own loader (`specdec.drafters.feature_heads.eagle.load_eagle`) reads both exports as they are.
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.eagle import EagleHead, load_eagle
+from specdec.drafters.feature_heads.eagle import EagleHead, load_eagle
+from specdec.drafters.feature_heads.weights import HEAD_FILES
 from specdec.export.fit import check_target_sizes
 from specdec.staging import write_json
 
-__all__ = ["read", "write"]
+__all__ = ["SOURCE_FILES", "read", "write"]
+
+SOURCE_FILES = HEAD_FILES  # what SRC, a hub id, gives
 
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = {"vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}

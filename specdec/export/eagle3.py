@@ -1,7 +1,7 @@
 """EAGLE-3 heads in the layouts vLLM (speculators `Eagle3Speculator`) and SGLang
 (`LlamaForCausalLMEagle3` with `eagle_config`) load (`specdec.export.layouts`).
 
-specdec reads both layouts itself (`specdec.drafters.eagle3_files`), so an export is written with
+specdec reads both layouts itself (`specdec.drafters.feature_heads.eagle3_files`), so an export is written with
 specdec's own writers and reads back as it is. What the engines cannot represent is refused:
 - SGLang starts the layer's residual from the unnormed fusion, so a head with
   `norm_before_residual` true has no SGLang layout;
@@ -19,12 +19,15 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.eagle3_files import SAFETENSORS, eagle3_config, eagle3_tensors, load_eagle3
-from specdec.drafters.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, default_layers
+from specdec.drafters.feature_heads.eagle3_files import SAFETENSORS, eagle3_config, eagle3_tensors, load_eagle3
+from specdec.drafters.feature_heads.eagle3_head import SGLANG, SPECULATORS, Eagle3Head, default_layers
+from specdec.drafters.feature_heads.weights import HEAD_FILES
 from specdec.export.fit import target_config
 from specdec.staging import write_json
 
-__all__ = ["read", "write"]
+__all__ = ["SOURCE_FILES", "read", "write"]
+
+SOURCE_FILES = HEAD_FILES  # what SRC, a hub id, gives
 
 LAYOUT = {"vllm": SPECULATORS, "sglang": SGLANG}
 

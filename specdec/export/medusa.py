@@ -1,6 +1,6 @@
 """Medusa-1 heads in vLLM's layout (`specdec.export.layouts`, ("medusa", "vllm")), and its reader.
 
-specdec's checkpoint (`specdec.drafters.medusa`) stores head h as `{h}.{l}.linear.{weight,bias}` and
+specdec's checkpoint (`specdec.drafters.feature_heads.medusa`) stores head h as `{h}.{l}.linear.{weight,bias}` and
 `{h}.{L}.weight`; vLLM's `Medusa` module names the same tensors `blocks.{h}.layers.{l}.{weight,bias}`
 and `lm_heads.{h}.weight`, and reads `num_heads` / `num_hidden_layers` from a `model_type: medusa`
 config. The block is the same x + SiLU(W x + b) in both, so the tensors are copied unchanged.
@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec.drafters.medusa import MedusaHeads, load_medusa, save_medusa
+from specdec.drafters.feature_heads.medusa_head import MedusaHeads
+
+from specdec.drafters.feature_heads.medusa_files import HUB_FILES, load_medusa, save_medusa
 from specdec.export.fit import check_target_sizes
 from specdec.staging import write_json
 
-__all__ = ["read", "vllm_names", "write"]
+__all__ = ["SOURCE_FILES", "read", "vllm_names", "write"]
+
+SOURCE_FILES = HUB_FILES  # what SRC, a hub id, gives
 
 WEIGHTS = "model.safetensors"
 

@@ -1,13 +1,14 @@
 """An MTP module as Qwen3-Next-layout `mtp.*` tensors in a copy of the target's checkpoint, which is
 where vLLM (`Qwen3NextMTP`) and SGLang (`Qwen3NextForCausalLMMTP`) read it (`specdec.export.layouts`).
 
-The copy keeps every file of `--target` (default: SRC itself) byte for byte, except that weight
-files holding `mtp.*` keys are rewritten without them; the module goes into one more shard,
+The copy keeps every file of `--target` (default: SRC itself; of a hub id, the files that
+`specdec.checkpoints.MODEL_FILES` names) byte for byte, except that weight files holding `mtp.*`
+keys are rewritten without them; the module goes into one more shard,
 `model-mtp.safetensors`, named by a `model.safetensors.index.json` that maps every key. MoE experts,
 fused in transformers' modules, are stored per expert (`experts.{e}.{gate,up,down}_proj.weight`) as
 public checkpoints and the engines' loaders have them. The config gains `mtp_num_hidden_layers`,
 `num_nextn_predict_layers` (vLLM's count of MTP layers) and `mtp_use_dedicated_embeddings`.
-specdec's own loader (`specdec.drafters.mtp.load_mtp`) reads the export as it is.
+specdec's own loader (`specdec.drafters.feature_heads.mtp.load_mtp`) reads the export as it is.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.mtp_files import INDEX, SAFETENSORS, load_mtp, mtp_checkpoint_keys
-from specdec.drafters.mtp_head import MtpHead
+from specdec.checkpoints import MODEL_FILES
+from specdec.drafters.feature_heads.mtp_files import INDEX, MTP_FILES, SAFETENSORS, load_mtp, mtp_checkpoint_keys
+from specdec.drafters.feature_heads.mtp_head import MtpHead
 from specdec.export.fit import target_config
 from specdec.export.layouts import layout_for
 from specdec.staging import write_json
 
-__all__ = ["MTP_FILE", "read", "split_experts", "write"]
+__all__ = ["MTP_FILE", "SOURCE_FILES", "read", "split_experts", "write"]
 
 MTP_FILE = "model-mtp.safetensors"
+SOURCE_FILES = (*MODEL_FILES, *MTP_FILES)  # what SRC, a hub id, gives: a target to copy, its module
 
 
 def split_experts(head: MtpHead) -> dict[str, torch.Tensor]:

@@ -13,8 +13,9 @@ for it, and the next is answered 503 (busy) at once. POSTs must say `application
 page on another origin cannot send without the browser first asking permission (not given).
 Only requests whose Host header names the server (`allowed_hosts`) are served; any other is
 answered 400 "Invalid host header" before it reaches a route, so a page whose name was rebound
-to this machine's address (DNS rebinding) reads nothing. An error the request did not cause is
-a 500 naming it, its traceback logged to `specdec.play`.
+to this machine's address (DNS rebinding) reads nothing. A request's own error (4xx) says what
+was wrong with it; an error it did not cause (a drafter's, the server's) is a 500 with a fixed
+message, its exception and traceback logged to `specdec.play` and never sent to the client.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdec.errors import one_line
 from specdec.play.playground import Playground
 from specdec.play.requests import BadRequest, CompareRequest, ProbeRequest, RunRequest, parse_request
 from specdec.verifier import DraftError
@@ -67,6 +67,13 @@ class ModelQueue:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status)
+
+
+def _failed(request: Request, what: str, error: BaseException) -> JSONResponse:
+    """A 500 for `error`: its traceback to the log, a fixed message to the client (an exception's
+    text may hold paths, settings or data the client has no business reading)."""
+    logger.error("%s %s failed", request.method, request.url.path, exc_info=error)
+    return _error(500, f"{what}; the server's log has the details")
 
 
 def _page_files() -> dict[str, bytes]:
@@ -118,10 +125,9 @@ def create_app(playground: Playground, *, allowed_hosts: Sequence[str]) -> Starl
             except BadRequest as error:
                 return _error(error.status, str(error))
             except DraftError as error:  # the drafter's fault, not the request's
-                return _error(500, f"the drafter failed: {one_line(error)}")
+                return _failed(request, "the drafter failed", error)
             except Exception as error:  # a fault of the server's (the request was checked before any decoding)
-                logger.exception("%s %s failed", request.method, request.url.path)
-                return _error(500, f"the server failed: {type(error).__name__}: {one_line(error)}")
+                return _failed(request, "the server failed", error)
         return endpoint
 
     async def http_error(request: Request, error: Exception) -> Response:
@@ -132,10 +138,14 @@ def create_app(playground: Playground, *, allowed_hosts: Sequence[str]) -> Starl
             return _error(405, f"{request.method} is not allowed on {request.url.path}")
         return _error(error.status_code, str(error.detail))
 
+    async def server_error(request: Request, error: Exception) -> Response:  # raised outside the API's endpoints
+        return _failed(request, "the server failed", error)
+
     routes = [Route("/", page, methods=["GET"]), Route("/static/{name:path}", static, methods=["GET"]),
               Route("/api/info", info, methods=["GET"]),
               Route("/api/run", api(RunRequest, playground.run), methods=["POST"]),
               Route("/api/compare", api(CompareRequest, playground.compare), methods=["POST"]),
               Route("/api/probe", api(ProbeRequest, playground.probe), methods=["POST"])]
     hosts = Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts), www_redirect=False)
-    return Starlette(routes=routes, middleware=[hosts], exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, middleware=[hosts],
+                     exception_handlers={HTTPException: http_error, Exception: server_error})

@@ -13,6 +13,10 @@ or on a fresh instance of the same structure (a drafter made per request).
 A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
 then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
 nothing ran twice), and an error the eager run raises as well is the step's own, raised as is.
+The warning is a `CompileFallbackWarning`. To make a fallback fatal instead, filter it as an error
+(`warnings.simplefilter("error", CompileFallbackWarning)`), or set `SPECDEC_STRICT_COMPILE=1` in
+the environment, which also reaches subprocesses (`PYTHONWARNINGS` cannot name a package's class):
+the compiled engine's tests do (`strict_compile` in tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import os
 import types
 import warnings
 import weakref
@@ -32,12 +37,28 @@ from torch import nn
 
 from specdec.runtime.cache import set_static_length
 
-__all__ = ["Step", "compile_failures", "compile_seconds", "fed_step", "step_for", "structure"]
+__all__ = ["STRICT_ENV", "CompileFallbackWarning", "Step", "compile_failures", "compile_seconds", "fed_step",
+           "step_for", "structure"]
 
 RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
+STRICT_ENV = "SPECDEC_STRICT_COMPILE"  # "1": a step that cannot compile raises CompileFallbackWarning
 _FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
 _COMPILED: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compiled steps, by function and structure
 _STRUCTURES: weakref.WeakKeyDictionary[nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+class CompileFallbackWarning(UserWarning):
+    """A step asked to compile runs eagerly: dynamo or inductor could not compile it, in this call
+    or an earlier one of this process. Filtered as an error, or with STRICT_ENV set, the fallback
+    raises it instead (after the call's eager run): a test of the compiled engine fails when
+    nothing compiled."""
+
+
+def _fall_back(message: str) -> None:
+    """Warn that a step runs eagerly, or raise the warning where STRICT_ENV is set."""
+    if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        raise CompileFallbackWarning(f"{message} ({STRICT_ENV} is set, so this is an error)")
+    warnings.warn(message, CompileFallbackWarning, stacklevel=4)
 
 
 def _recompile_limits() -> dict[str, Any]:
@@ -107,8 +128,7 @@ class Step:
         self.cuda_graphs = enabled and device.type == "cuda"
         self._compiled: Callable[..., Any] | None = None
         if enabled and self.key in _FAILED:
-            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly",
-                          stacklevel=3)
+            _fall_back(f"specdec: cannot compile {self.name} ({_FAILED[self.key][:300]}); it runs eagerly")
         elif enabled:
             import torch._dynamo.config as dynamo_config
 
@@ -140,8 +160,7 @@ class Step:
             reason = " ".join(str(error).split("\n")[0].split()) or type(error).__name__
             _FAILED[self.key] = f"{type(error).__name__}: {reason[:300]}"
             self._compiled = None
-            warnings.warn(f"specdec: cannot compile {self.name} ({_FAILED[self.key]}); it runs eagerly",
-                          stacklevel=3)
+            _fall_back(f"specdec: cannot compile {self.name} ({_FAILED[self.key]}); it runs eagerly")
             return out
         return _clone(out) if self.cuda_graphs else out
 

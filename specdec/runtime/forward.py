@@ -14,7 +14,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-__all__ = ["LAST_LAYER", "final_norm", "head_weight", "is_pipelined", "model_forward", "prepare_for_compile"]
+__all__ = ["LAST_LAYER", "compilable_experts", "final_norm", "head_weight", "is_pipelined", "model_forward",
+           "prepare_for_compile"]
 
 LAST_LAYER = -1  # the `hidden_states` index of the post-norm last layer, whatever the model counts
 _FINAL_NORM_PATHS = ("model.norm", "transformer.ln_f", "model.final_layernorm", "gpt_neox.final_layer_norm",
@@ -58,13 +59,47 @@ def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor,
 
 
 def prepare_for_compile(model: PreTrainedModel) -> None:
-    """Install transformers' output-capturing hooks eagerly: transformers installs them under a
-    lock on first use, which dynamo cannot trace."""
+    """Make `model`'s forward traceable whole: its experts off transformers' eager implementation
+    (`compilable_experts`), and transformers' output-capturing hooks installed now (transformers
+    installs them under a lock on first use, which dynamo cannot trace)."""
+    compilable_experts(model)
     try:
         from transformers.utils.output_capturing import maybe_install_capturing_hooks
     except ImportError:  # a transformers without lazy hooks needs nothing
         return
     maybe_install_capturing_hooks(model)
+
+
+def compilable_experts(model: PreTrainedModel) -> str | None:
+    """Move mixture-of-experts layers that run transformers' eager experts to an implementation
+    that compiles; the one chosen, or None when no experts ran eagerly.
+
+    The eager experts loop over the experts a batch routes to, a data-dependent loop dynamo
+    cannot trace whole, so the compiled step would fall back to eager. The replacement computes
+    the same (the same tokens, up to the rounding of a sum's order): "grouped_mm" (torch's
+    grouped kernel, transformers' default) in bfloat16; "batched_mm" (one batched matmul over
+    each routed token's experts) in every other dtype, since float64 has no grouped kernel and
+    transformers compiles grouped_mm in float32 or float16 to a loop that syncs with the host.
+    batched_mm gathers every routed token's expert weights: cheap for the few rows of a decode
+    step, heavy for a long prompt on a large MoE, so run such a model in bfloat16 or choose its
+    implementation before compiling. The switch stays on the model, eager forwards included;
+    `model.set_experts_implementation("eager")` undoes it.
+    """
+    eager = [part for part in model.modules() if isinstance(part, PreTrainedModel) and _runs_eager_experts(part)]
+    if not eager:
+        return None
+    choice = "grouped_mm" if model.dtype == torch.bfloat16 else "batched_mm"
+    for part in eager:
+        part.set_experts_implementation(choice)
+    return choice
+
+
+def _runs_eager_experts(model: PreTrainedModel) -> bool:
+    """Whether `model`'s own experts layers (not a sub-model's) run transformers' eager experts."""
+    can_set = getattr(type(model), "_can_set_experts_implementation", None)  # (transformers 5 on)
+    if can_set is None or not hasattr(model, "get_experts_implementation") or not can_set():
+        return False  # no experts layers whose implementation transformers dispatches
+    return model.get_experts_implementation().get("") == "eager"
 
 
 def head_weight(model: PreTrainedModel) -> torch.Tensor | None:

@@ -109,7 +109,7 @@ def write_chat_corpus(target: Any, tokenizer: Any, requests: Sequence[str], out:
 
     Raises FileExistsError when `out` exists.
     """
-    from specdec.decoding.generate_batch import generate_batch
+    from specdec.decoding.generate import generate_batch
 
     if out.exists():
         raise FileExistsError(f"{out} exists; remove it or choose another folder for the chat corpus")

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import LlamaConfig
 
-from specdec.drafters.eagle import EagleHead
+from specdec.drafters.feature_heads.eagle import EagleHead
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
 from specdec.training.shape import context_length
 from specdec.training.teacher import TeacherBatch

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from specdec.drafters.eagle3_head import SGLANG, Eagle3Head, Eagle3Spec, default_layers
+from specdec.drafters.feature_heads.eagle3_head import SGLANG, Eagle3Head, Eagle3Spec, default_layers
 from specdec.training.eagle import eagle_config
 from specdec.training.losses import soft_cross_entropy
 from specdec.training.teacher import TeacherBatch

@@ -1,5 +1,5 @@
 """Training a draft model on a tokenizer of its own: a Qwen3 causal LM that learns the text itself
-(plain next-token cross-entropy), for drafting across vocabularies (`specdec.drafters.translation`).
+(plain next-token cross-entropy), for drafting across vocabularies (`specdec.drafters.draft_models.translation`).
 
 The zoo's other draft model is distilled from the target (`specdec.training.draft_model`): at each
 position it learns the target's distribution over the one vocabulary both share. Across

@@ -15,7 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from specdec.drafters.medusa import MedusaHeads
+from specdec.drafters.feature_heads.medusa_head import MedusaHeads
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
 from specdec.training.teacher import TeacherBatch
 

@@ -1,5 +1,5 @@
 """Training an MTP module (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §2.2) and writing it
-into a target checkpoint in the Qwen3-Next `mtp.*` layout that `specdec.drafters.mtp` reads.
+into a target checkpoint in the Qwen3-Next `mtp.*` layout that `specdec.drafters.feature_heads.mtp` reads.
 
 At position j the module reads (embed(x_{j+1}), h_j) and predicts x_{j+2}. Jointly with the
 target (`specdec.training.target`) it learns the text; after the fact, on a frozen target, it
@@ -9,14 +9,16 @@ learns the target's distribution at j+1 (self-distillation).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from specdec.drafters.mtp_files import mtp_checkpoint_keys
-from specdec.drafters.mtp_head import MtpHead
+from specdec.drafters.feature_heads.mtp_files import mtp_checkpoint_keys
+from specdec.drafters.feature_heads.mtp_head import MtpHead
+from specdec.staging import staged, write_json
 from specdec.training.eagle import feature_pairs
 from specdec.training.losses import next_token_loss, soft_cross_entropy, top1_agreement
 from specdec.training.teacher import TeacherBatch
@@ -77,41 +79,43 @@ class MtpStudent:
                 "agreement": top1_agreement(logits, batch.log_probs[:, 1:])}
 
 
-def write_mtp(head: MtpHead, directory: str | Path) -> None:
-    """Add the module's tensors (`mtp.*`) to the checkpoint in `directory`, in place.
+def write_mtp(head: MtpHead, target: str | Path, out: str | Path) -> Path:
+    """Write a copy of the checkpoint in `target` with the module's tensors (`mtp.*`) added into
+    the new directory `out` (absent or empty), all or nothing; returns `out`.
 
-    A single `model.safetensors` is rewritten with them; a sharded checkpoint gets one more
-    shard, `model-mtp.safetensors`, and its index names it. Files are written beside the
-    originals and renamed over them, so an interruption leaves the checkpoint as it was.
+    The copy is written into a staging directory beside `out` and renamed onto it once it is
+    whole (`specdec.staging`), so a failure leaves neither `out` nor a partial copy, and `target`
+    is only read. A single `model.safetensors` is rewritten with the module's tensors; a sharded
+    checkpoint gets one more shard, `model-mtp.safetensors`, and its index names it. `mtp.*`
+    tensors `target` already holds are replaced, never duplicated.
     """
-    from safetensors.torch import load_file, save_file
-
-    directory = Path(directory)
+    target, out = Path(target), Path(out)
     if head.layout != "qwen":
         raise ValueError(f"write_mtp writes the qwen layout, got a {head.layout!r} module")
+    if not (target / INDEX).is_file() and not (target / SAFETENSORS).is_file():
+        raise FileNotFoundError(f"{target} holds neither {SAFETENSORS} nor {INDEX}; save the target first")
+    with staged(out) as staging:
+        shutil.copytree(target, staging, dirs_exist_ok=True)
+        _add_mtp(head, staging)
+    return out
+
+
+def _add_mtp(head: MtpHead, directory: Path) -> None:
+    """Put the module's tensors and layer count into the checkpoint in `directory`, in place."""
+    from safetensors.torch import load_file, save_file
+
     stored = {key: tensor.detach().cpu().contiguous() for key, tensor in head.state_dict().items()}
     tensors = {mtp_checkpoint_keys(head)[key]: tensor for key, tensor in stored.items()}
     index, single = directory / INDEX, directory / SAFETENSORS
     if index.is_file():
-        save_file(tensors, str(directory / (MTP_SHARD + ".tmp")), metadata={"format": "pt"})
+        save_file(tensors, str(directory / MTP_SHARD), metadata={"format": "pt"})
         table = json.loads(index.read_text())
         table["weight_map"] = {k: v for k, v in table["weight_map"].items() if not k.startswith("mtp.")}
         table["weight_map"].update({key: MTP_SHARD for key in tensors})
-        (directory / (MTP_SHARD + ".tmp")).replace(directory / MTP_SHARD)
-        _replace_text(index, json.dumps(table, indent=2, sort_keys=True) + "\n")
-    elif single.is_file():
-        model = {k: v for k, v in load_file(str(single)).items() if not k.startswith("mtp.")}
-        save_file({**model, **tensors}, str(directory / (SAFETENSORS + ".tmp")), metadata={"format": "pt"})
-        (directory / (SAFETENSORS + ".tmp")).replace(single)
+        write_json(index, table)
     else:
-        raise FileNotFoundError(f"{directory} holds neither {SAFETENSORS} nor {INDEX}; save the target first")
-    config_file = directory / "config.json"
-    config = json.loads(config_file.read_text())
+        model = {k: v for k, v in load_file(str(single)).items() if not k.startswith("mtp.")}
+        save_file({**model, **tensors}, str(single), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
     config["mtp_num_hidden_layers"] = len(head.stages[0].layers)  # type: ignore[index, arg-type]
-    _replace_text(config_file, json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def _replace_text(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
+    write_json(directory / "config.json", config)

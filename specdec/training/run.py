@@ -23,10 +23,10 @@ import torch
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.data.corpus import files_corpus
 from specdec.distributed.sharding import agree_object, is_main_process, rank_zero_first
-from specdec.drafters.eagle import save_eagle
-from specdec.drafters.eagle3_files import save_eagle3
-from specdec.drafters.eagle3_head import SPECULATORS
-from specdec.drafters.medusa import save_medusa
+from specdec.drafters.feature_heads.eagle import save_eagle
+from specdec.drafters.feature_heads.eagle3_files import save_eagle3
+from specdec.drafters.feature_heads.eagle3_head import SPECULATORS
+from specdec.drafters.feature_heads.medusa_files import save_medusa
 from specdec.plugins import make_drafter
 from specdec.training.data import encode_corpus, evaluation_windows
 from specdec.training.distill import distill, evaluate
@@ -105,8 +105,7 @@ def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) 
     if kind == "eagle3":  # the layout that keeps norm_before_residual, which vLLM serves as it is
         save_eagle3(student.module, out, layout=SPECULATORS)
         return {"path": str(out)}
-    shutil.copytree(target_dir, out, dirs_exist_ok=True)  # the MTP module lives in the target's files
-    write_mtp(student.module, out)
+    write_mtp(student.module, target_dir, out)  # the MTP module lives in a copy of the target's files
     return {"path": str(out)}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from specdec.drafters.mtp_head import MtpHead
+from specdec.drafters.feature_heads.mtp_head import MtpHead
 from specdec.training.data import WindowSampler
 from specdec.training.losses import next_token_loss
 from specdec.training.mtp import mtp_hidden

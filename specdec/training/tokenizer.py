@@ -61,7 +61,7 @@ def train_metaspace_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     """A sentencepiece-style `tokenizers.Tokenizer`: `<unk>`, `<s>`, `</s>`, the 256 byte tokens, then
     the characters and merges learned from `texts`, `vocab_size` entries in all (more only when the
     texts hold more distinct characters than that leaves room for)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, trainers
 
     specials = [UNKNOWN, SENTENCE_START, SENTENCE_END]
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < len(specials) + 256 + 2:

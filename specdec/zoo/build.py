@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,10 +33,10 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transforme
 from specdec.data.corpus import Corpus, stdlib_corpus
 from specdec.data.datastore_build import build_datastore_from_ids
 from specdec.data.prompts import code_prompts
-from specdec.drafters.eagle import save_eagle
-from specdec.drafters.eagle3_files import save_eagle3
-from specdec.drafters.eagle3_head import SPECULATORS
-from specdec.drafters.medusa import save_medusa
+from specdec.drafters.feature_heads.eagle import save_eagle
+from specdec.drafters.feature_heads.eagle3_files import save_eagle3
+from specdec.drafters.feature_heads.eagle3_head import SPECULATORS
+from specdec.drafters.feature_heads.medusa_files import save_medusa
 from specdec.plugins import make_drafter
 from specdec.runtime.target import CausalLM
 from specdec.training.calibration import value_temperatures
@@ -172,9 +173,10 @@ def _train_target(work: Path, settings: ZooSettings, tokenizer: Any, train: torc
     target = new_target(settings.target, settings.vocab_size, int(tokenizer.eos_token_id))
     mtp_head = create_mtp_head(target.config, settings.seed + 1)
     train_target(target, mtp_head, train, settings.target_steps, show_progress)
-    with quiet_transformers():
-        target.save_pretrained(work / "target")
-    write_mtp(mtp_head, work / "target")
+    with tempfile.TemporaryDirectory(dir=work) as plain:  # the target's own files, then a copy with the MTP module
+        with quiet_transformers():
+            target.save_pretrained(plain)
+        write_mtp(mtp_head, plain, work / "target")
     tokenizer.save_pretrained(str(work / "target"))
     return target, mtp_head
 

@@ -35,10 +35,10 @@ from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transforme
 from specdec.data.loops import DEGENERATE_SHARE, LOOP_NGRAM, loop_count
 from specdec.data.prompts import Prompt
 from specdec.decoding.generate import generate
-from specdec.drafters.eagle import load_eagle
-from specdec.drafters.eagle3_files import load_eagle3
-from specdec.drafters.medusa import load_medusa
-from specdec.drafters.mtp_files import load_mtp
+from specdec.drafters.feature_heads.eagle import load_eagle
+from specdec.drafters.feature_heads.eagle3_files import load_eagle3
+from specdec.drafters.feature_heads.medusa_files import load_medusa
+from specdec.drafters.feature_heads.mtp_files import load_mtp
 from specdec.intervals import LEVEL, RESAMPLES, rank_labels, ranks, ratio_interval
 from specdec.plugins import make_drafter
 from specdec.runtime.target import CausalLM

@@ -1,5 +1,5 @@
 """The zoo's draft model on a tokenizer of its own (`draft-model-xtok`), for measuring drafting
-across vocabularies (`specdec.drafters.translation`) on the family's target.
+across vocabularies (`specdec.drafters.draft_models.translation`) on the family's target.
 
 Its tokenizer is a metaspace BPE with byte fallback (`specdec.training.tokenizer`, sentencepiece
 style: another segmentation, other special tokens) trained on the same training text as the

@@ -9,11 +9,12 @@ end of the context). Deterministic: the draft carries no q (a one-hot q for the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
 
-from specdec import Draft, DraftContext
+from specdec import Capability, Draft, DraftContext
 
 __all__ = ["RepeatDrafter", "find_period"]
 
@@ -56,12 +57,18 @@ class RepeatDrafter:
     """
 
     name: ClassVar[str] = "repeat"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()  # no state, nothing read but the context
 
     def __init__(self, max_period: int = 8, min_repeats: int = 2) -> None:
         self.max_period = _check_int("max_period", max_period, 1)
         self.min_repeats = _check_int("min_repeats", min_repeats, 2)
 
-    def propose(self, ctx: DraftContext, k: int) -> Draft:
+    def propose(self, rows: Mapping[int, DraftContext], k: Mapping[int, int]) -> dict[int, Draft]:
+        """Each row's continuation of its own trailing pattern (rows are independent)."""
+        return {row: self.continue_pattern(ctx, k[row]) for row, ctx in rows.items()}
+
+    def continue_pattern(self, ctx: DraftContext, k: int) -> Draft:
+        """At most k tokens continuing the pattern at the end of ctx.tokens (none without one)."""
         tokens = ctx.tokens  # (T,)
         period = find_period(tokens, self.max_period, self.min_repeats) if k > 0 else 0
         if period == 0:
