@@ -8,7 +8,7 @@ report the processed distribution each token was drawn from; greedy drafts are i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,11 +17,11 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.draft_models.draft_model_batch import DraftModelBatch
 from specdec.drafters.shared.chains import chain_length, chain_uniforms, cut_chain
-from specdec.drafters.shared.forms import Forms
+from specdec.drafters.shared.forms import DraftsThroughForms, Forms
 from specdec.drafters.draft_models.translation import (TRANSLATIONS, Translation, common_prefix, load_draft_tokenizer,
                                           resolve_translate, same_vocabulary)
 from specdec.drafters.tree_search.dynamic import TreeColumns, TreeSearch, grow, prefix_q, tree_settings
-from specdec.protocols import Capability, DraftContext, Rows
+from specdec.protocols import Capability, DraftContext
 from specdec.runtime.cache import has_recurrent_state
 from specdec.runtime.forward import model_forward
 from specdec.runtime.target import CausalLM
@@ -90,7 +90,7 @@ def translation_full(row: DraftModelRow, k: int) -> bool:
     return row.committed + rows > capacity
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(DraftsThroughForms):
     """Drafts with `model` (a causal LM, a checkpoint directory or a hub id).
 
     A model loaded here from a directory follows the target's device and dtype; a model passed
@@ -161,17 +161,6 @@ class DraftModelDrafter:
         row = self._forms.rows.get(0)
         return None if row is None else row.translation
 
-    def prefill(self, rows: Rows) -> None:
-        self._forms.prefill(rows)
-
-    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
-        return self._forms.propose(rows, k)
-
-    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
-        self._forms.commit(rows, accepted)
-
-    def cache_length(self, row: int) -> int:
-        return self._forms.cache_length(row)
 
     def _bridge(self, ctx: DraftContext) -> Translation | None:
         """The generation's bridge to the target's vocabulary, or None when the draft model drafts

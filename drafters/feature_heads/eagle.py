@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, ClassVar, cast
 
 import torch
@@ -40,10 +39,10 @@ from specdec.drafters.feature_heads.feature_drafts import (chain_draft, draft_en
 from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD, feed_pending
 from specdec.drafters.feature_heads.head_steps import HeadSteps
 from specdec.drafters.feature_heads.layers import decoder_layer_classes
-from specdec.drafters.shared.forms import Forms
+from specdec.drafters.shared.forms import DraftsThroughForms, Forms
 from specdec.drafters.tree_search.dynamic import tree_settings
 from specdec.drafters.feature_heads.weights import HEAD_FILES, PICKLE, SAFETENSORS, read_weights
-from specdec.protocols import Capability, DraftContext, Rows
+from specdec.protocols import Capability, DraftContext
 from specdec.runtime.cache import new_cache
 from specdec.runtime.forward import LAST_LAYER
 from specdec.runtime.target import CausalLM
@@ -166,7 +165,7 @@ def save_eagle(head: EagleHead, path: str | Path, safe: bool = True) -> Path:
     return path
 
 
-class EagleDrafter:
+class EagleDrafter(DraftsThroughForms):
     """Drafts with an EAGLE-1 head loaded from `path`, on the target's embedding and LM head.
 
     tree=True drafts EAGLE-2 dynamic trees (`specdec.drafters.tree_search.graph`: the catch-up and the
@@ -212,18 +211,6 @@ class EagleDrafter:
         self.setup(ctx)
         return FeatureParts("eagle", self.head, "the EAGLE head", pair_forward, ctx.target.embed_tokens,
                             ctx.target.lm_head)
-
-    def prefill(self, rows: Rows) -> None:
-        self._forms.prefill(rows)
-
-    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
-        return self._forms.propose(rows, k)
-
-    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
-        self._forms.commit(rows, accepted)
-
-    def cache_length(self, row: int) -> int:
-        return self._forms.cache_length(row)
 
 
 class EagleRow:

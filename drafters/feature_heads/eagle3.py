@@ -13,7 +13,6 @@ real pairs with their hidden states at the next propose.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -27,9 +26,9 @@ from specdec.drafters.feature_heads.feature_drafts import (chain_draft, draft_en
                                              shallower_tree, topk_tree_draft)
 from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD, feed_pending
 from specdec.drafters.feature_heads.head_steps import HeadSteps
-from specdec.drafters.shared.forms import Forms
+from specdec.drafters.shared.forms import DraftsThroughForms, Forms
 from specdec.drafters.tree_search.dynamic import tree_settings
-from specdec.protocols import Capability, DraftContext, Rows
+from specdec.protocols import Capability, DraftContext
 from specdec.runtime.target import CausalLM
 from specdec.types import Draft
 
@@ -68,7 +67,7 @@ def check_fits(head: Eagle3Head, lm: CausalLM) -> None:
                              f"{target} does not match the head's hidden size {head.config.hidden_size}")
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(DraftsThroughForms):
     """Drafts with an EAGLE-3 head loaded from `path` (either layout).
 
     tree=True drafts EAGLE-2 dynamic trees, as `eagle` does (`specdec.drafters.tree_search.graph`),
@@ -114,18 +113,6 @@ class Eagle3Drafter:
     def batch_parts(self, ctx: DraftContext) -> FeatureParts:
         self.setup(ctx)
         return FeatureParts("eagle3", self.head, "the EAGLE-3 head", pair_forward, self.embed(ctx), self.vocab)
-
-    def prefill(self, rows: Rows) -> None:
-        self._forms.prefill(rows)
-
-    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
-        return self._forms.propose(rows, k)
-
-    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
-        self._forms.commit(rows, accepted)
-
-    def cache_length(self, row: int) -> int:
-        return self._forms.cache_length(row)
 
 
 class Eagle3Row:

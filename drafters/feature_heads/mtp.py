@@ -16,7 +16,6 @@ entries are cropped away at commit (as in `specdec.drafters.feature_heads.eagle`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.shared.chains import chain_length, cut_chain
-from specdec.drafters.shared.forms import Forms
+from specdec.drafters.shared.forms import DraftsThroughForms, Forms
 from specdec.drafters.feature_heads.feature_batch import FeatureBatch, FeatureParts
 from specdec.drafters.feature_heads.feature_drafts import shallower_tree, tree_inputs
 from specdec.drafters.feature_heads.feature_pairs import PREFILL_HOLD, chain_inputs, pending_pairs, pending_rows
@@ -33,7 +32,7 @@ from specdec.drafters.feature_heads.mtp_files import INDEX, SAFETENSORS, load_mt
 from specdec.drafters.feature_heads.mtp_head import MtpHead, MtpStage
 from specdec.drafters.tree_search.graph import expansions, topk_tree, tree_depth
 from specdec.drafters.tree_search.dynamic import DynamicTree, TreeColumns, TreeSearch, grow_sampled_tree, prefix_q, tree_settings
-from specdec.protocols import Capability, DraftContext, Rows
+from specdec.protocols import Capability, DraftContext
 from specdec.runtime.forward import LAST_LAYER
 from specdec.runtime.target import CausalLM
 from specdec.sampling import chain_sampling, pick
@@ -97,7 +96,7 @@ def _stage_forward(head: MtpHead, cache: Any, mask: torch.Tensor, stage: int, em
     return head(stage, embeds, features, positions, cache, mask)
 
 
-class MtpDrafter:
+class MtpDrafter(DraftsThroughForms):
     """Drafts with the MTP module stored in the target checkpoint at `path` (a directory or a hub id).
 
     sample=False drafts the argmax (no q); sample=True draws from the processed distribution
@@ -148,18 +147,6 @@ class MtpDrafter:
         self.setup(ctx)
         return FeatureParts("mtp", self.head, self.head_name, _stage_forward, ctx.target.embed_tokens,
                             ctx.target.lm_head, len(self.head.stages))
-
-    def prefill(self, rows: Rows) -> None:
-        self._forms.prefill(rows)
-
-    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
-        return self._forms.propose(rows, k)
-
-    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
-        self._forms.commit(rows, accepted)
-
-    def cache_length(self, row: int) -> int:
-        return self._forms.cache_length(row)
 
 
 class MtpRow:

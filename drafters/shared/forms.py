@@ -25,7 +25,7 @@ from typing import Any
 from specdec.protocols import Rows
 from specdec.types import Draft
 
-__all__ = ["Forms"]
+__all__ = ["Forms", "DraftsThroughForms"]
 
 
 class Forms:
@@ -65,3 +65,21 @@ class Forms:
         if self.batch is not None:
             return int(self.batch.cache_length(row))
         return int(self.rows[row].cache_length) if row in self.rows else 0
+
+
+class DraftsThroughForms:
+    """The rows protocol's state methods of a drafter that drafts through its `Forms` (`self._forms`)."""
+
+    _forms: Forms
+
+    def prefill(self, rows: Rows) -> None:
+        self._forms.prefill(rows)
+
+    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
+        return self._forms.propose(rows, k)
+
+    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
+        self._forms.commit(rows, accepted)
+
+    def cache_length(self, row: int) -> int:
+        return self._forms.cache_length(row)
