@@ -482,3 +482,19 @@ def test_eager_decoding_takes_a_dynamic_cache_unless_the_model_needs_the_static_
         lm.static_eagerly = not static  # the other kind of cache, for the same tokens
         assert specdec.generate(lm, PROMPT, drafter="ngram", max_new_tokens=12).tokens == eager
         assert lm.static is not static
+
+
+def test_preparing_a_model_run_eagerly_before_keeps_its_hidden_states_once_per_layer() -> None:
+    """An eager forward installs transformers' output hooks on the inner model; preparing the model
+    for compilation afterwards must not install them again (every layer would be recorded twice, and
+    a drafter reading hidden_states[i] would read another layer)."""
+    from specdec.runtime.forward import prepare_for_compile
+
+    model = tiny_model("qwen3", layers=4)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        before = model(input_ids=ids, output_hidden_states=True).hidden_states
+        prepare_for_compile(model)
+        after = model(input_ids=ids, output_hidden_states=True).hidden_states
+    assert len(after) == len(before) == 5
+    assert all(torch.equal(a, b) for a, b in zip(after, before))

@@ -32,10 +32,12 @@ from specdec.drafters.model_free.lookahead import LookaheadDrafter
 from specdec.drafters.feature_heads.medusa import MedusaDrafter
 from specdec.drafters.feature_heads.mtp import MtpDrafter
 from specdec.drafters.model_free.retrieval import RetrievalDrafter
+from specdec.drafters.parallel.dflash import DFlashDrafter
 from specdec.processing import Prefixes
 
 from reference_sampling import plain_law, word_tokenizer
 from test_eagle import random_head, save_eagle
+from test_dflash import write_dflash
 from test_eagle3 import write_head
 from test_lossless_statistical import ALPHA, chi_square_p_value
 from test_medusa import checkpoint, random_heads
@@ -95,6 +97,8 @@ FAMILIES: dict[str, Build] = {
     "eagle3": lambda v, prompt, d: (_target(v), Eagle3Drafter(write_head(
         d, seed=4, vocab=v, draft_vocab=v - 1, hidden=HIDDEN, target_hidden=HIDDEN, layers=(0, 1, 1)))),
     "mtp": lambda v, prompt, d: _mtp(v, d),
+    "dflash": lambda v, prompt, d: (_target(v), DFlashDrafter(write_dflash(
+        d / "dflash", vocab=v, hidden=HIDDEN, layers=1, block=4, layer_ids=(0,), seed=5))),
 }
 
 

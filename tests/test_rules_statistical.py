@@ -28,8 +28,10 @@ from specdec.drafters.feature_heads.eagle import EagleDrafter
 from specdec.drafters.feature_heads.eagle3 import Eagle3Drafter
 from specdec.drafters.feature_heads.medusa import MedusaDrafter
 from specdec.drafters.feature_heads.mtp import MtpDrafter
+from specdec.drafters.parallel.dflash import DFlashDrafter
 
 from test_eagle import random_head, save_eagle
+from test_dflash import write_dflash
 from test_eagle3 import write_head
 from test_lossless_statistical import ALPHA, chi_square_p_value
 from test_medusa import checkpoint, random_heads
@@ -75,6 +77,11 @@ def _mtp(**options: object) -> Build:
     return build
 
 
+def _dflash(**options: object) -> Build:
+    return lambda d: (_target(VOCAB), DFlashDrafter(write_dflash(d / "dflash", vocab=VOCAB, hidden=HIDDEN, layers=1,
+                                                                 block=4, layer_ids=(0,), seed=5), **options))
+
+
 WITHOUT = {"siblings": "without_replacement"}
 # (drafter, rule) -> the target and drafter
 CASES: dict[tuple[str, str], Build] = {
@@ -96,6 +103,10 @@ CASES: dict[tuple[str, str], Build] = {
                                                               **WITHOUT),
     ("medusa+tree", "token"): _medusa(medusa_choices=[(0,), (1,), (0, 0), (0, 1), (1, 0)]),
     ("mtp+tree-without-replacement", "traversal"): _mtp(**TREE, **WITHOUT),
+    ("dflash", "token"): _dflash(),
+    ("dflash", "block"): _dflash(),
+    ("dflash+ddtree", "traversal"): _dflash(tree=True, top_k=2, total_tokens=5),
+    ("dflash+ddtree", "token"): _dflash(tree=True, top_k=2, total_tokens=5),
 }
 
 
@@ -152,7 +163,8 @@ def test_every_rule_gives_greedy_decodings_tokens_at_temperature_0(family: str, 
 
 
 @pytest.mark.parametrize(("family", "rule"), [("draft-model", "block"),
-                                              ("draft-model+tree-without-replacement", "traversal")])
+                                              ("draft-model+tree-without-replacement", "traversal"),
+                                              ("dflash", "block")])
 def test_batch_rows_sample_plain_samplings_law_under_each_rule(family: str, rule: str, tmp_path: Path) -> None:
     """RUNS rows of one prompt in one batch (row i seeded apart): their outputs follow plain sampling."""
     target, drafter = CASES[family, rule](tmp_path)
@@ -168,7 +180,8 @@ def test_batch_rows_sample_plain_samplings_law_under_each_rule(family: str, rule
 
 
 @pytest.mark.parametrize(("family", "rule"), [("draft-model", "block"),
-                                              ("draft-model+tree-without-replacement", "traversal")])
+                                              ("draft-model+tree-without-replacement", "traversal"),
+                                              ("dflash", "block")])
 @pytest.mark.usefixtures("strict_compile")
 def test_the_compiled_engine_decodes_what_the_eager_one_does_under_each_rule(family: str, rule: str,
                                                                             tmp_path: Path) -> None:

@@ -61,12 +61,15 @@ def model_forward(model: PreTrainedModel, cache: Cache, input_ids: torch.Tensor,
 def prepare_for_compile(model: PreTrainedModel) -> None:
     """Make `model`'s forward traceable whole: its experts off transformers' eager implementation
     (`compilable_experts`), and transformers' output-capturing hooks installed now (transformers
-    installs them under a lock on first use, which dynamo cannot trace)."""
+    installs them under a lock on first use, which dynamo cannot trace), once: after an eager forward
+    they are already on the inner model, and hooks installed again record every layer twice."""
     compilable_experts(model)
     try:
         from transformers.utils.output_capturing import maybe_install_capturing_hooks
     except ImportError:  # a transformers without lazy hooks needs nothing
         return
+    if any(getattr(module, "_output_capturing_hooks_installed", False) for module in model.modules()):
+        return  # an eager forward installed them on the inner model: installing on the outer one would record twice
     maybe_install_capturing_hooks(model)
 
 
