@@ -241,6 +241,8 @@ class Draft:
     extra: rows to run in the same target forward for the drafter's own use (`ExtraRows`,
             e.g. lookahead decoding's Jacobi rows), or None. They never touch the verdict; a
             draft that carries them is verified as a tree (a chain as a chain-shaped tree).
+    forwards: how many forwards of the drafter made this draft, where it says (a block drafter:
+            1 whatever the draft's length); None when it does not. Traces show it.
     """
 
     tokens: torch.Tensor
@@ -248,6 +250,7 @@ class Draft:
     parents: torch.Tensor | None = None
     extra: ExtraRows | None = None
     siblings: str | None = None
+    forwards: int | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -53,6 +53,7 @@ def drafters(zoo: Path, files: Path) -> dict[str, Any]:
         "eagle+tree": lambda: specdec.make_drafter("eagle", path=str(zoo / "eagle"), tree=True),
         "eagle3": lambda: specdec.make_drafter("eagle3", path=str(zoo / "eagle3")),
         "mtp": lambda: specdec.make_drafter("mtp", path=str(zoo / "target")),
+        "dflash": lambda: specdec.make_drafter("dflash", path=str(files / "dflash")),
     }
 
 

@@ -392,3 +392,17 @@ def test_a_drafter_for_another_target_is_refused_naming_both_sizes(tmp_path):
 def test_bad_options_are_named(tmp_path, option, value):
     with pytest.raises(ValueError, match=f"dflash: {option}"):
         DFlashDrafter(write_dflash(tmp_path / "d"), **{option: value})
+
+
+def test_traces_show_the_block_drafted_in_one_forward(target, tmp_path):
+    from specdec.teaching.trace import Trace
+    from specdec.teaching.trace_view import trace_lines
+
+    trace = Trace()
+    specdec.generate(target, PROMPTS[0], drafter=DFlashDrafter(write_dflash(tmp_path / "d")), num_draft_tokens=4,
+                     max_new_tokens=8, trace=trace)
+    assert trace.steps and all(step.draft_forwards == 1 for step in trace.steps if step.drafted)
+    assert "4 at once" in trace_lines(trace, lambda ids: str(ids), colour=False)[0]
+    plain = Trace()
+    specdec.generate(target, PROMPTS[0], drafter="ngram", max_new_tokens=8, trace=plain)
+    assert all(step.draft_forwards is None for step in plain.steps)

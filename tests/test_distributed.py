@@ -49,6 +49,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
                          tie_word_embeddings=False)
     LlamaForCausalLM(config).eval().save_pretrained(root / "draft-xtok")
+    from specdec.drafters.parallel.dflash_files import save_dflash
+    from test_dflash import dflash_head  # a DFlash block drafter reading the quick target's two layers
+
+    save_dflash(dflash_head(vocab=512, hidden=64, layers=1, block=5, layer_ids=(0, 1)).float(), root / "dflash")
     (root / "prompts.txt").write_text("def parse(text):\n    return\nimport os\n")
     (root / "corpus").mkdir()
     small = [p for p in stdlib_corpus().train if 2_000 < p.stat().st_size < 6_000][:18]
@@ -90,7 +94,7 @@ def alone(quick_zoo: Path, files: Path) -> dict[str, Any]:
 
 
 FAMILIES = ["plain", "ngram", "suffix", "lookahead", "medusa+tree", "draft-model", "draft-model+tree", "draft-model-sharded",
-            "draft-model-xtok", "eagle", "eagle+tree", "eagle3", "mtp"]
+            "draft-model-xtok", "eagle", "eagle+tree", "eagle3", "mtp", "dflash"]
 
 
 def test_the_target_is_sharded(ranks):

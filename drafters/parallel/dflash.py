@@ -205,7 +205,7 @@ class DFlashDrafter:
                                             self.total_tokens)
             device = ctx.tokens.device
             return Draft(torch.tensor(tokens, dtype=torch.long, device=device),
-                         parents=torch.tensor(parents, dtype=torch.long, device=device), siblings="distinct")
+                         parents=torch.tensor(parents, dtype=torch.long, device=device), siblings="distinct", forwards=1)
         sampled = self.sample and not ctx.sampling.greedy
         uniforms = chain_uniforms(ctx, depth, sampled)  # as many draws whatever k
         if ctx.sampling.reads_prefix:  # each slot processed from the committed ids and the tokens drawn before it
@@ -213,6 +213,6 @@ class DFlashDrafter:
             picked = [picker(logits[j : j + 1], None if uniforms is None else uniforms[j : j + 1]) for j in range(depth)]
             tokens = torch.cat([token for token, _ in picked])
             probs = torch.cat([q for _, q in picked]) if sampled else None
-            return Draft(tokens, probs)
+            return Draft(tokens, probs, forwards=1)
         tokens, probs = pick(logits[:depth], ctx.sampling, None if uniforms is None else uniforms[:depth])
-        return Draft(tokens, probs)
+        return Draft(tokens, probs, forwards=1)

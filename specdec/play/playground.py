@@ -172,7 +172,7 @@ class Playground:
                         for i, t in enumerate(step.drafted)],
             "tokens": [{"token": t.token, "text": self._decode([t.token]), "kind": t.kind, "p": t.p, "q": t.q,
                         "accept": t.accept, "uniform": t.uniform, "node": t.node} for t in step.tokens],
-            "emitted": step.emitted, "draft_ms": 1e3 * step.draft_seconds, "verify_ms": 1e3 * step.verify_seconds,
+            "emitted": step.emitted, "draft_forwards": step.draft_forwards, "draft_ms": 1e3 * step.draft_seconds, "verify_ms": 1e3 * step.verify_seconds,
             "plain_ms": 1e3 * plain_seconds, "rules": None if rules is None else asdict(rules),
             "caches": None if caches is None else {"target": list(caches.target),
                                                    "drafter": None if caches.drafter is None else list(caches.drafter)}}

@@ -60,6 +60,7 @@ class TraceStep:
     drafted: tuple[int, ...] = ()  # every drafted token (a tree's nodes in order)
     parents: tuple[int, ...] | None = None  # a tree's parent of each node (-1: the root); None for a chain
     caches: CacheLengths | None = None
+    draft_forwards: int | None = None  # drafter forwards that made the draft, where the drafter says (a block: 1)
 
     @property
     def emitted(self) -> list[int]:
@@ -118,7 +119,7 @@ class Trace:
             if token.kind == "rejected" or sum(t.kind != "rejected" for t in kept) < emitted:
                 kept.append(token)
         self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds, tuple(drafted),
-                                    None if parents is None else tuple(parents), caches))
+                                    None if parents is None else tuple(parents), caches, draft.forwards))
 
 
 

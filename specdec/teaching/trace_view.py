@@ -68,8 +68,9 @@ def trace_html(trace: Trace, decode: Callable[[list[int]], str], plain_seconds_p
     for i, step in enumerate(trace.steps, start=1):
         chips = "".join(chip(decode([t.token]), t.kind, _hover(t, trace.verify_rule, step.parents is not None))
                         for t in step.tokens)
+        how = " in one forward (a block)" if step.draft_forwards == 1 and len(step.drafted) > 1 else ""
         bars = (f'<span class="bar draft" style="width:{step.draft_seconds * scale:.1f}px" '
-                f'title="drafting {step.draft_seconds * 1e3:.2f} ms"></span>'
+                f'title="drafting {len(step.drafted)} tokens{how}: {step.draft_seconds * 1e3:.2f} ms"></span>'
                 f'<span class="bar verify" style="width:{step.verify_seconds * scale:.1f}px" '
                 f'title="verifying {step.verify_seconds * 1e3:.2f} ms"></span>')
         if plain_seconds_per_token:
@@ -99,6 +100,7 @@ def trace_lines(trace: Trace, decode: Callable[[list[int]], str], colour: bool =
         for token in step.tokens:
             text = repr(decode([token.token]))[1:-1]
             shown.append(f"{_ANSI[token.kind]}{text}{reset}" if colour else f"[{token.kind[0]}]{text}")
-        lines.append(f"{i:>4}  {' '.join(shown)}   (draft {step.draft_seconds * 1e3:.1f} ms, verify "
+        block = f" {len(step.drafted)} at once," if step.draft_forwards == 1 and len(step.drafted) > 1 else ""
+        lines.append(f"{i:>4}  {' '.join(shown)}   (draft{block} {step.draft_seconds * 1e3:.1f} ms, verify "
                      f"{step.verify_seconds * 1e3:.1f} ms)")
     return lines

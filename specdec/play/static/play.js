@@ -363,9 +363,11 @@ function drawStepView() {
   const emitted = step.tokens.filter((t) => t.kind !== "rejected").length;
   $("detail-title").textContent = `Step ${state.selected} of ${run.steps.length}: ${emitted} token${emitted === 1 ? "" : "s"} for one target forward`;
   const accepted = step.tokens.filter((t) => t.kind === "accepted").length;
+  const block = step.draft_forwards === 1 && step.drafted.length > 1 ?
+    ` The drafter proposed all ${step.drafted.length} at once, in one forward (a block drafter).` : "";
   $("detail-explain").textContent = step.drafted.length ? `${accepted} of the drafted tokens were accepted` +
     ` (draft ${fmt(step.draft_ms, 2)} ms, verify ${fmt(step.verify_ms, 2)} ms; plain decoding of these ${emitted} ` +
-    `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` : "";
+    `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` + block : "";
   drawTree(step);
   drawTable(step);
   drawRules(step, run.verify_rule);
