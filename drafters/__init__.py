@@ -17,6 +17,7 @@ from specdec.drafters.model_free.lookahead import LookaheadDrafter
 from specdec.drafters.feature_heads.medusa import MedusaDrafter
 from specdec.drafters.feature_heads.mtp import MtpDrafter
 from specdec.drafters.parallel.dflash import DFlashDrafter
+from specdec.drafters.parallel.pard import PardDrafter
 from specdec.drafters.model_free.ngram import NgramDrafter
 from specdec.drafters.model_free.retrieval import RetrievalDrafter
 from specdec.drafters.draft_models.self_draft import SelfDrafter
@@ -25,10 +26,10 @@ from specdec.hookspecs import hookimpl
 from specdec.protocols import Drafter
 
 __all__ = ["DFlashDrafter", "DraftModelDrafter", "Eagle3Drafter", "EagleDrafter", "LookaheadDrafter", "MedusaDrafter", "MtpDrafter",
-           "NgramDrafter", "RetrievalDrafter", "SelfDrafter", "SuffixDrafter", "specdec_register_drafters"]
+           "NgramDrafter", "PardDrafter", "RetrievalDrafter", "SelfDrafter", "SuffixDrafter", "specdec_register_drafters"]
 
 
 @hookimpl
 def specdec_register_drafters() -> list[type[Drafter]]:
     return [NgramDrafter, DraftModelDrafter, MedusaDrafter, EagleDrafter, Eagle3Drafter, MtpDrafter, SuffixDrafter,
-            RetrievalDrafter, LookaheadDrafter, SelfDrafter, DFlashDrafter]
+            RetrievalDrafter, LookaheadDrafter, SelfDrafter, DFlashDrafter, PardDrafter]

@@ -1,5 +1,6 @@
 """`specdec train KIND --target DIR --data PATH... --out DIR`: train a draft model, Medusa heads,
-an EAGLE-1 or EAGLE-3 head or an MTP module for a local transformers causal LM (`specdec.training.run`)."""
+an EAGLE-1 or EAGLE-3 head, an MTP module, a DFlash drafter or a PARD draft model for a local transformers
+causal LM (`specdec.training.run`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ __all__ = ["add_train_command"]
 def _train(args: argparse.Namespace) -> int:
     from specdec.training.draft_model import DraftSize
     from specdec.training.optim import Steps
+    from specdec.training.pard import PardRecipe
     from specdec.training.run import DEFAULT_LR, TrainSettings, train_drafter
 
     try:
@@ -24,7 +26,11 @@ def _train(args: argparse.Namespace) -> int:
             steps=steps, draft=DraftSize(hidden=args.hidden, layers=args.layers, heads=args.attention_heads,
                                          kv_heads=args.kv_heads), draft_from_target=args.draft_init == "target",
             medusa_heads=args.medusa_heads, medusa_layers=args.medusa_layers, k=args.k,
-            draft_vocab=args.draft_vocab, eagle3_layers=_layers(args.eagle3_layers))
+            draft_vocab=args.draft_vocab, eagle3_layers=_layers(args.eagle3_layers),
+            dflash_block_size=args.block_size, dflash_layers=args.dflash_layers,
+            dflash_target_layers=_layers(args.dflash_target_layers, "--dflash-target-layers"),
+            dflash_gamma=args.gamma, dflash_mask_token_id=args.mask_token_id, dflash_anchors=args.anchors,
+            pard=PardRecipe(para_num=args.para_num), pard_init=args.init)
         if args.k < 1:
             raise ValueError(f"--k must be >= 1, got {args.k}")
         report = train_drafter(args.kind, resolve_target(args.target), args.data, args.out, settings,
@@ -39,13 +45,13 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _layers(text: str | None) -> tuple[int, ...] | None:
+def _layers(text: str | None, option: str = "--eagle3-layers") -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--eagle3-layers must be comma-separated layer indices such as 2,16,29, "
+        raise ValueError(f"{option} must be comma-separated layer indices such as 2,16,29, "
                          f"got {text!r}") from None
 
 
@@ -80,5 +86,24 @@ def add_train_command(commands: Any) -> None:
                             "(default min(V, 32000))")
     train.add_argument("--eagle3-layers", default=None, metavar="I,J,K",
                        help="eagle3: target hidden_states indices to fuse (0 = embeddings; default 2,L//2,L-3)")
+    train.add_argument("--block-size", type=int, default=16,
+                       help="dflash: B, the block drafted per forward (the last id and B - 1 masks; default 16)")
+    train.add_argument("--dflash-layers", type=int, default=2, help="dflash: draft layers (default 2)")
+    train.add_argument("--dflash-target-layers", default=None, metavar="I,J",
+                       help="dflash: target layers whose outputs are fused (0-based; default spread over "
+                            "1..L-3 as the reference does)")
+    train.add_argument("--gamma", type=float, default=None,
+                       help="dflash: slot j's loss weight is exp(-(j-1)/gamma) (default 7 for B=16, 5 for 10, "
+                            "4 for 8)")
+    train.add_argument("--mask-token-id", type=int, default=None,
+                       help="dflash: the id filling masked slots (default: one the tokenizer never produces)")
+    train.add_argument("--anchors", type=int, default=512,
+                       help="dflash: blocks drawn per training window, at most (default 512)")
+    train.add_argument("--para-num", type=int, default=8,
+                       help="pard: P, the blocks of a training window (mask offsets 0..P-1; default 8)")
+    train.add_argument("--init", default=None, metavar="DIR|ORG/NAME",
+                       help="pard: start from this causal LM on the target's tokenizer (e.g. a small model of the "
+                            "target's family; then pass a lower --lr, such as 1e-4) instead of a fresh draft model "
+                            "of --hidden/--layers")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.set_defaults(run=_train)

@@ -3,6 +3,7 @@ may import `specdec.checkpoints`, `specdec.staging` and `specdec.drafters` (thei
 
     export("medusa", "heads/", "vllm", "out/")                  # -> Path("out")
     export("mtp", "target-with-mtp/", "sglang", "out/")        # a copy of the target, mtp.* inside
+    export("dflash", "dflash/", "vllm", "out/")                 # the z-lab layout both engines load
 
 `EXPORTERS` maps each drafter kind to the module that exports it: its `write(src, engine, staging,
 target)` puts one export's files into an empty directory, its `read(exported, engine, scratch)`
@@ -43,6 +44,7 @@ EXPORTERS: dict[str, str] = {  # drafter kind -> the module exporting it
     "eagle": "specdec.export.eagle",
     "eagle3": "specdec.export.eagle3",
     "mtp": "specdec.export.mtp",
+    "dflash": "specdec.export.dflash",
 }
 
 

@@ -1,8 +1,8 @@
 """What vLLM and SGLang load for each drafter kind: file names, tensor key names and config.json
 fields, written down from those engines' sources and docs (each layout cites what it was read from).
 
-Key templates use `{h}` (a Medusa head), `{l}` (a residual block), `{i}` (an MTP layer) and `{e}`
-(an expert) for non-negative integers. `keys` must all occur in an export; `optional_keys` may
+Key templates use `{h}` (a Medusa head), `{l}` (a residual block), `{i}` (an MTP or DFlash layer) and
+`{e}` (an expert) for non-negative integers. `keys` must all occur in an export; `optional_keys` may
 (which MLP an MTP layer has depends on the target). The exporters in this package write these
 layouts with their own code; `mismatches` holds an export against its layout (tests/test_export.py).
 """
@@ -61,6 +61,19 @@ _QWEN3_NEXT_MLP = ("mtp.layers.{i}.mlp.gate_proj.weight", "mtp.layers.{i}.mlp.up
                    "mtp.layers.{i}.mlp.shared_expert.up_proj.weight",
                    "mtp.layers.{i}.mlp.shared_expert.down_proj.weight", "mtp.layers.{i}.mlp.shared_expert_gate.weight")
 _MTP_CONFIG = {"mtp_num_hidden_layers": 1, "num_nextn_predict_layers": 1, "mtp_use_dedicated_embeddings": False}
+
+# DFlash (z-lab/dflash `dflash/model.py`): one published layout, which both engines load. No embed_tokens or
+# lm_head: without them both share the target's (vLLM would use a drafter's own, has_own_embed_tokens).
+_DFLASH_KEYS = ("fc.weight", "hidden_norm.weight", "norm.weight",
+                *(f"layers.{{i}}.{name}.weight" for name in (
+                    "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                    "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj",
+                    "mlp.up_proj", "mlp.down_proj")))
+_DFLASH_BIASES = tuple(f"layers.{{i}}.self_attn.{name}_proj.bias" for name in "qkvo")  # with attention_bias
+_DFLASH_CONFIG = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "tie_word_embeddings": False}
+_DFLASH_FIELDS = ("block_size", "rope_theta", "num_target_layers", "dflash_config", "hidden_size",
+                  "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                  "rms_norm_eps", "max_position_embeddings", "vocab_size", "layer_types")
 
 LAYOUTS: dict[tuple[str, str], Layout] = {
     ("medusa", "vllm"): Layout(
@@ -138,6 +151,30 @@ LAYOUTS: dict[tuple[str, str], Layout] = {
                  "docs/basic_usage/qwen3.md (--speculative-algo NEXTN on the target itself)"),
         weights="model-mtp.safetensors", keys=_QWEN3_NEXT_MTP, optional_keys=_QWEN3_NEXT_MLP, config=_MTP_CONFIG,
         target_architectures=("Qwen3NextForCausalLM",)),
+    ("dflash", "vllm"): Layout(
+        kind="dflash", engine="vllm", loader="DFlashQwen3ForCausalLM (architecture DFlashDraftModel)",
+        sources=(("vllm/model_executor/models/qwen3_dflash.py (names prefixed 'model.' at load; q/k/v and gate/up "
+                  "stacked; dflash_config.mask_token_id; dflash_config.target_layer_ids + 1 as the captured aux "
+                  "layers; fc input = hidden_size x len(ids); rope_parameters, max_position_embeddings; "
+                  "sliding layer_types run causally; embed_tokens / lm_head the target's when absent)"),
+                 ("vllm/v1/spec_decode/dflash.py (1 + num_speculative_tokens query slots: num_speculative_tokens "
+                  "= block_size - 1)"),
+                 "vllm/config/speculative.py (method 'dflash', parallel drafting)"),
+        weights="model.safetensors", keys=_DFLASH_KEYS, optional_keys=_DFLASH_BIASES, config=_DFLASH_CONFIG,
+        config_fields=_DFLASH_FIELDS, absent_config=("auto_map",)),
+    ("dflash", "sglang"): Layout(
+        kind="dflash", engine="sglang", loader="DFlashDraftModel (EntryClass, by architectures)",
+        sources=(("python/sglang/srt/models/dflash.py (names with or without 'model.'; q/k/v and gate/up stacked; "
+                  "unknown names skipped; fc.weight's width checked against the captured features; full "
+                  "layers non-causal, sliding ones causal)"),
+                 ("python/sglang/srt/speculative/dflash_utils.py (parse_dflash_draft_config: "
+                  "dflash_config.block_size else block_size; num_target_layers; target_layer_ids within "
+                  "[0, num_target_layers), captured + 1; dflash_config.mask_token_id else mask_token '<|MASK|>')"),
+                 ("docs/advanced_features/speculative_decoding.md (--speculative-algorithm DFLASH, "
+                  "--speculative-num-draft-tokens = block_size)"),
+                 "SpecForge scripts/gates/normalize_dflash_export.py (architectures DFlashDraftModel, no auto_map)"),
+        weights="model.safetensors", keys=_DFLASH_KEYS, optional_keys=_DFLASH_BIASES, config=_DFLASH_CONFIG,
+        config_fields=_DFLASH_FIELDS, absent_config=("auto_map",)),
 }
 
 UNSUPPORTED: dict[tuple[str, str], str] = {

@@ -2,4 +2,5 @@
 drafters distilled from any frozen transformers causal LM; it may import `specdec.types`,
 `specdec.trees`, `specdec.protocols`, `specdec.plugins`, `specdec.checkpoints`, `specdec.staging`,
 `specdec.data`, `specdec.decoding` (the acceptance estimate), `specdec.distributed`,
-`specdec.drafters` and `specdec.runtime`."""
+`specdec.drafters`, `specdec.runtime` and `specdec.vocab` (the tokenizer's
+byte tokens, for a free mask id)."""

@@ -27,8 +27,10 @@ from specdec.drafters.feature_heads.eagle import save_eagle
 from specdec.drafters.feature_heads.eagle3_files import save_eagle3
 from specdec.drafters.feature_heads.eagle3_head import SPECULATORS
 from specdec.drafters.feature_heads.medusa_files import save_medusa
+from specdec.drafters.parallel.dflash_files import save_dflash
 from specdec.plugins import make_drafter
 from specdec.training.data import encode_corpus, evaluation_windows
+from specdec.training.dflash import DFlashStudent
 from specdec.training.distill import distill, evaluate
 from specdec.training.draft_model import DraftModelStudent, DraftSize
 from specdec.training.eagle import EagleStudent
@@ -37,11 +39,13 @@ from specdec.training.estimate import acceptance_estimate, prompt_windows
 from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, write_mtp
 from specdec.training.optim import Steps
+from specdec.training.pard import PardRecipe, PardStudent, save_pard
 
 __all__ = ["KINDS", "TrainReport", "TrainSettings", "train_drafter"]
 
-KINDS = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
-DEFAULT_LR = {"draft-model": 2e-3, "medusa": 1e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 1e-3}
+KINDS = ("draft-model", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard")
+DEFAULT_LR = {"draft-model": 2e-3, "medusa": 1e-3, "eagle": 1e-3, "eagle3": 1e-3, "mtp": 1e-3, "dflash": 6e-4,
+              "pard": 2e-3}
 REPORT = "specdec_training.json"
 
 
@@ -56,6 +60,14 @@ class TrainSettings:
     draft_from_target: bool = True  # draft-model: embeddings start from the target's (projected)
     draft_vocab: int | None = None  # eagle3: tokens in the draft vocabulary (None: min(V, 32000))
     eagle3_layers: tuple[int, ...] | None = None  # eagle3: target layers read (None: EAGLE-3's default)
+    dflash_block_size: int = 16  # dflash: B, the last committed id and B - 1 masks
+    dflash_layers: int = 2  # dflash: draft layers
+    dflash_target_layers: tuple[int, ...] | None = None  # dflash: target layer outputs fused (None: spread)
+    dflash_gamma: float | None = None  # dflash: the slot weights' decay (None: 7 for B = 16, scaled)
+    dflash_mask_token_id: int | None = None  # dflash: None: an id the tokenizer never produces
+    dflash_anchors: int = 512  # dflash: blocks per training window, at most
+    pard: PardRecipe = field(default_factory=PardRecipe)  # pard: blocks and the conditional drop
+    pard_init: str | None = None  # pard: start from this causal LM (None: a fresh draft model of `draft`)
     eval_windows: int = 16
     eval_prompts: int = 4
     eval_prompt_tokens: int = 64
@@ -75,7 +87,7 @@ class TrainReport:
     heldout_tokens: int
 
 
-def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor) -> Any:
+def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor, tokenizer: Any) -> Any:
     seed, lr = settings.steps.seed, settings.steps.lr
     if kind == "draft-model":
         return DraftModelStudent.create(settings.draft, target, seed, lr, from_target=settings.draft_from_target)
@@ -86,6 +98,14 @@ def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor
         return EagleStudent.create(target, seed, lr)
     if kind == "eagle3":
         return Eagle3Student.create(target, data, seed, lr, settings.draft_vocab, settings.eagle3_layers)
+    if kind == "dflash":
+        return DFlashStudent.create(target, seed, lr, tokenizer=tokenizer, mask_token_id=settings.dflash_mask_token_id,
+                                    block_size=settings.dflash_block_size, layers=settings.dflash_layers,
+                                    target_layer_ids=settings.dflash_target_layers, gamma=settings.dflash_gamma,
+                                    anchors=settings.dflash_anchors)
+    if kind == "pard":
+        return PardStudent.create(settings.draft, target, tokenizer, seed, lr, from_target=settings.draft_from_target,
+                                  init=settings.pard_init, recipe=settings.pard)
     return MtpStudent.create(target, seed, lr)
 
 
@@ -96,6 +116,8 @@ def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) 
             student.module.save_pretrained(out)
         tokenizer.save_pretrained(str(out))
         return {"model": str(out)}
+    if kind == "pard":
+        return save_pard(student, tokenizer, out)
     if kind == "medusa":
         save_medusa(student.module, out)
         return {"path": str(out)}
@@ -104,6 +126,9 @@ def _save(kind: str, student: Any, target_dir: Path, tokenizer: Any, out: Path) 
         return {"path": str(out)}
     if kind == "eagle3":  # the layout that keeps norm_before_residual, which vLLM serves as it is
         save_eagle3(student.module, out, layout=SPECULATORS)
+        return {"path": str(out)}
+    if kind == "dflash":  # the published z-lab layout, which vLLM and SGLang load
+        save_dflash(student.module, out)
         return {"path": str(out)}
     write_mtp(student.module, target_dir, out)  # the MTP module lives in a copy of the target's files
     return {"path": str(out)}
@@ -133,7 +158,7 @@ def train_drafter(kind: str, target_dir: str | Path, data: Sequence[str | Path],
     length = min(settings.steps.seq_len, tokens.heldout.shape[0] // 2)  # held-out windows and prompts fit
     windows = evaluation_windows(tokens.heldout, length, settings.eval_windows)
     prompts = prompt_windows(tokens.heldout, settings.eval_prompts, min(settings.eval_prompt_tokens, length))
-    student = _student(kind, target, settings, tokens.train)
+    student = _student(kind, target, settings, tokens.train, tokenizer)
     distill(target, [student], tokens.train, settings.steps, show_progress)
     with rank_zero_first():  # under torchrun, rank 0 measures and writes; the others take its report
         report = _finish(kind, student, target, target_dir, tokenizer, tokens, windows, prompts, settings, data,
