@@ -181,6 +181,14 @@ def first_look_prompts(prompts: tuple[Prompt, ...], count: int) -> list[int]:
     return sorted(turns[:count])
 
 
+def row_evaluation(name: str | None, evaluation: Evaluation) -> Evaluation:
+    """The evaluation as row `name` decodes it: at its own k where the zoo gives it one (DFlash
+    drafts its whole block, `specdec.zoo.draft_length`), else at the evaluation's."""
+    if name is None:
+        return evaluation
+    return replace(evaluation, k=zoo.draft_length(name.removesuffix("+tree"), evaluation.k))
+
+
 def decode_one(target: specdec.CausalLM, prompt: torch.Tensor, drafter: Any, evaluation: Evaluation, seed: int,
                compile: bool, greedy: bool = False, tokenizer: Any = None) -> specdec.Generation:
     """One prompt decoded; `tokenizer` (the target's) serves a draft model of another tokenizer and
@@ -225,8 +233,8 @@ def decode_round(target: specdec.CausalLM, prompts: list[torch.Tensor], numbers:
         bar.set_description(f"{label}: prompt {n}/{len(indices)}")
         for name, drafter in drafters.items():
             if i not in runs[name]:
-                runs[name][i] = decode_one(target, prompts[i], drafter, evaluation, evaluation.seed + numbers[i],
-                                           compile, tokenizer=tokenizer)
+                runs[name][i] = decode_one(target, prompts[i], drafter, row_evaluation(name, evaluation),
+                                           evaluation.seed + numbers[i], compile, tokenizer=tokenizer)
             bar.update(1)
     return runs
 
@@ -251,7 +259,8 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], family: Famil
     evaluation, numbers, drafters = family.evaluation, family.numbers, family.drafters
     compile = not args.eager
     checked = prompts[: args.check]
-    warm = {name: warm_ups(prompts, drafter, evaluation) if compile else [0] for name, drafter in drafters.items()}
+    warm = {name: warm_ups(prompts, drafter, row_evaluation(name, evaluation)) if compile else [0]
+            for name, drafter in drafters.items()}
     bar = progress(sum(len(checked) + len(warm[name]) + args.repeats * len(prompts) for name in drafters),
                    "decoding", not args.no_progress)
     bar.unit = "run"
@@ -259,10 +268,10 @@ def compare(target: specdec.CausalLM, prompts: list[torch.Tensor], family: Famil
     for name, drafter in drafters.items():  # the lossless check, and the warm-up of the sampled runs
         bar.set_description(f"checking{' (compiling)' if compile else ''}: {name or 'plain'}")
         forget(drafter)
-        greedy[name] = [decode_one(target, p, drafter, evaluation, 0, compile, True, tokenizer).tokens
-                        for p in checked]
+        own = row_evaluation(name, evaluation)
+        greedy[name] = [decode_one(target, p, drafter, own, 0, compile, True, tokenizer).tokens for p in checked]
         for i in warm[name]:
-            warm_up(target, prompts[i], drafter, evaluation, evaluation.seed + numbers[i], compile, tokenizer)
+            warm_up(target, prompts[i], drafter, own, evaluation.seed + numbers[i], compile, tokenizer)
         bar.update(len(checked) + len(warm[name]))
     indices = list(range(len(prompts)))
     seconds: dict[str | None, list[list[float]]] = {name: [[] for _ in prompts] for name in drafters}
@@ -475,8 +484,8 @@ def look_first(target: specdec.CausalLM, prompts: list[torch.Tensor], family: Fa
         show_example(evaluation.prompts[first], done[None][first].tokens, tokenizer, decoding)
     bar = progress(len(drafters) * (1 + len(indices)), "first look: warming up", not args.no_progress)
     bar.unit = "run"
-    for drafter in drafters.values():
-        warm_up(target, prompts[first], drafter, evaluation, seed, False, tokenizer)
+    for name, drafter in drafters.items():
+        warm_up(target, prompts[first], drafter, row_evaluation(name, evaluation), seed, False, tokenizer)
         bar.update(1)
     runs = decode_round(target, prompts, family.numbers, indices, drafters, evaluation, False, tokenizer, bar,
                         "first look", done)

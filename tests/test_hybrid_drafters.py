@@ -15,6 +15,9 @@ from specdec.drafters.feature_heads.medusa import MedusaDrafter
 from specdec.drafters.feature_heads.medusa_files import save_medusa
 from specdec.drafters.feature_heads.mtp import MtpDrafter
 from specdec.drafters.model_free.ngram import NgramDrafter
+from specdec.drafters.parallel.dflash import DFlashDrafter
+from specdec.drafters.parallel.dflash_files import save_dflash
+from test_dflash import dflash_head
 from test_eagle import random_head
 from test_hybrid import float64_kernels, tiny_hybrid  # noqa: F401  (the fixture applies here too)
 from test_lossless_statistical import ALPHA, PROMPT, VOCAB, chi_square_p_value, exact_distribution, sample_counts
@@ -40,7 +43,15 @@ def mtp(directory: Path, target: torch.nn.Module, sample: bool = False) -> MtpDr
     return MtpDrafter(write_target(target, mtp_tensors(target, "qwen", seed=6), directory), sample=sample)
 
 
+def dflash(directory: Path, hidden: int, vocab: int, **options: object) -> DFlashDrafter:
+    """A random DFlash drafter reading the hybrid target's first two layers' outputs (linear, full)."""
+    save_dflash(dflash_head(vocab=vocab, hidden=hidden, layers=1, block=4, layer_ids=(0, 1), seed=7), directory)
+    return DFlashDrafter(directory, **options)
+
+
 GREEDY = {
+    "dflash": lambda directory, target: dflash(directory, HIDDEN, 64),
+    "dflash+ddtree": lambda directory, target: dflash(directory, HIDDEN, 64, tree=True, top_k=2, total_tokens=6),
     "medusa": lambda directory, target: medusa(directory, HIDDEN, 64),
     "eagle": lambda directory, target: eagle(directory, HIDDEN, 64),
     "mtp": lambda directory, target: mtp(directory, target),
@@ -62,6 +73,7 @@ SAMPLED = {
     "medusa-sampled": lambda directory, target: medusa(directory, 16, VOCAB, sample=True),
     "eagle": lambda directory, target: eagle(directory, 16, VOCAB),
     "mtp-sampled": lambda directory, target: mtp(directory, target, sample=True),
+    "dflash": lambda directory, target: dflash(directory, 16, VOCAB),
 }
 
 

@@ -34,7 +34,7 @@ from specdec.training.medusa import MedusaStudent
 from specdec.training.mtp import MtpStudent, create_mtp_head
 from specdec.zoo.store import staging
 
-LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp")
+LEARNED = ("draft-model", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard")
 TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval")
 
 
@@ -55,7 +55,7 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
     for name in (*LEARNED, *TRAINING_FREE):
         accepted = figures["drafters"][name]
         interval = accepted["mean_accepted_length"]
-        assert 1.0 <= interval["low"] <= interval["estimate"] <= interval["high"] <= 5.0, name
+        assert 1.0 <= interval["low"] <= interval["estimate"] <= interval["high"] <= 1 + zoo.draft_length(name, 4), name
         rows = accepted["prompts"]  # per prompt: tokens, forwards, drafted, accepted, loop-accepted, loop tokens
         assert len(rows) == 3 and interval["estimate"] == pytest.approx(sum(r[0] for r in rows) / sum(r[1] for r in rows))
         assert all(r[0] == 24 and r[3] + r[1] >= r[0] >= r[1] and 0 <= r[4] <= r[3] for r in rows), name
@@ -67,7 +67,7 @@ def test_build_writes_every_piece_and_a_manifest(quick_zoo: Path):
         if name in TRAINING_FREE:
             assert cost["model_steps"] == 0 and cost["step_seconds"] is None, name
         else:
-            assert cost["model_steps"] == (1 if name == "medusa" else 4), name
+            assert cost["model_steps"] == (1 if name in ("medusa", "dflash", "pard") else 4), name  # blocks: one forward
             assert cost["step_ratio"] == pytest.approx(cost["draft_tax"] / cost["model_steps"]), name
     open_datastore(quick_zoo / "datastore").check_vocab(512)
     assert figures["losses"]["target"]["loss"] < figures["losses"]["draft-model"]["loss"]
@@ -156,7 +156,7 @@ def test_learned_drafters_agree_with_the_target_far_above_chance_on_held_out_tex
              Eagle3Student.create(target, data, seed=7, draft_vocab=zoo.QUICK.eagle3_vocab,
                                   layers=zoo.QUICK.eagle3_layers)]
     learned, untrained = evaluate(target, trained, windows), evaluate(target, fresh, windows)
-    for name in LEARNED:
+    for name in learned:  # the distilled students (the quick family trains its block drafters a few steps only)
         assert learned[name]["agreement"] > 50 / 512, (name, learned[name])  # chance: about 1/512
         assert learned[name]["agreement"] > untrained[name]["agreement"] + 0.05, (name, learned, untrained)
         assert learned[name]["loss"] < untrained[name]["loss"], name

@@ -22,7 +22,7 @@ from specdec.zoo.extend import added_drafters, extend
 from specdec.zoo.measure import decode_prompts, read_evaluation
 from specdec.zoo.options import ROWS
 from specdec.zoo.packing import sha256
-from specdec.zoo.settings import LEARNED, TRAINING_FREE, XTOK, settings_from_record
+from specdec.zoo.settings import LEARNED, TRAINING_FREE, VARIANTS, XTOK, settings_from_record
 from specdec.zoo.shipped import SHIPPED, open_shipped
 
 # the quick family with the two drafters a family gains without a build: a draft model of its own
@@ -54,7 +54,7 @@ def extended(quick_zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
 # --- labels -------------------------------------------------------------------------------
 
 def test_every_zoo_label_resolves_to_a_registered_drafter_and_its_files(full: Path):
-    assert set(ROWS) == {*LEARNED, *TRAINING_FREE}
+    assert set(ROWS) == {*LEARNED, *TRAINING_FREE, *VARIANTS}
     assert zoo.registry_name(XTOK) == "draft-model" and zoo.registry_name("self") == "self"
     assert zoo.registry_name("a-plugin") == "a-plugin"  # a label the zoo does not know is a registered name
     rows = zoo.zoo_drafters(full)
@@ -159,8 +159,9 @@ def test_extending_refuses_what_it_cannot_add_naming_the_value(quick_zoo: Path, 
         added_drafters(record, replace(QUICK_PLUS, seed=7), quick_zoo)
     _one_line(error, "seed", "0", "7")
     with pytest.raises(ValueError) as error:
-        added_drafters(record, replace(zoo.QUICK, drafters=zoo.QUICK.drafters[1:]), quick_zoo)
-    _one_line(error, "cannot drop draft-model")
+        added_drafters(record, replace(zoo.QUICK, drafters=tuple(d for d in zoo.QUICK.drafters if d != "eagle")),
+                       quick_zoo)
+    _one_line(error, "cannot drop eagle")
     with pytest.raises(ValueError) as error:
         added_drafters(record, replace(QUICK_PLUS, name="full"), quick_zoo)
     _one_line(error, "quick family, not full")

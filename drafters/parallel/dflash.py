@@ -15,7 +15,7 @@ q_j does not depend on the tokens drawn at the other slots, so q_j is exactly th
 drawn from given d_1..d_{j-1}: reported as the draft's probs, it makes `min(1, p/q)` and every
 chain rule exact. sample=False drafts the argmax (a deterministic draft, verified as one-hot).
 
-DDTree (Ringel et al. 2026, arXiv 2604.12989): tree=True drafts the `total_tokens` best prefixes
+DDTree (Ringel and Romano 2026, arXiv 2604.12989): tree=True drafts the `total_tokens` best prefixes
 by the product of the slots' probabilities, each depth limited to its `top_k` most likely ids
 (`specdec.drafters.tree_search.ddtree`), from the same single forward; its candidates are
 deterministic, verified by every rule that serves deterministic trees.

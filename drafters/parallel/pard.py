@@ -29,6 +29,7 @@ their target-independent mode (no features, as they were also trained), which is
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -185,8 +186,8 @@ class PardRow(DraftModelRow):
         if slem:  # the argmax chain's text in the target's ids, verified by sample-and-match
             assert translation is not None
             drafted = translation.target_ids(tokens.tolist(), ctx.tokens, k)
-            return Draft(torch.tensor(drafted, dtype=torch.long, device=ctx.tokens.device))
-        return Draft(tokens, probs)
+            return Draft(torch.tensor(drafted, dtype=torch.long, device=ctx.tokens.device), forwards=1)
+        return Draft(tokens, probs, forwards=1)
 
     def _block(self, pending: torch.Tensor, depth: int) -> torch.Tensor:
         """Run pending [m] (the committed ids the cache lacks) and depth - 1 masks in one forward,
@@ -224,8 +225,9 @@ class PardBatch(DraftModelBatch):
         uniforms = row_uniforms(dict(ctxs), self.slots, batch, depth, sampled, logits.device)  # (B, depth)
         tokens, probs = pick(logits.reshape(batch * depth, vocab), first.sampling,
                              None if uniforms is None else uniforms.reshape(-1))
-        return row_drafts(dict(ctxs), sorted(ctxs), self.slots, dict(k), tokens.view(batch, depth),
-                          None if probs is None else probs.view(batch, depth, vocab))
+        drafts = row_drafts(dict(ctxs), sorted(ctxs), self.slots, dict(k), tokens.view(batch, depth),
+                            None if probs is None else probs.view(batch, depth, vocab))
+        return {row: replace(draft, forwards=1) if draft.tokens.numel() else draft for row, draft in drafts.items()}
 
     def _block(self, ctxs: Rows, depth: int, least: int) -> torch.Tensor:
         """One forward of every batch row's block, its pending ids in at least `least` columns;

@@ -1,5 +1,5 @@
-"""DDTree: the best token tree one block drafter's forward can give (Ringel et al. 2026, "Diffusion
-Draft Trees", arXiv 2604.12989).
+"""DDTree: the best token tree one block drafter's forward can give (Ringel and Romano 2026,
+"Accelerating Speculative Decoding with Block Diffusion Draft Trees", arXiv 2604.12989).
 
 A block drafter gives, from one forward, a distribution per depth d = 1 .. D of the token at that
 depth, each given the context alone. Scoring a path by the product of its tokens' probabilities

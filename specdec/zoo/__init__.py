@@ -19,12 +19,12 @@ from __future__ import annotations
 from specdec.zoo.build import build
 from specdec.zoo.extend import extend, extend_shipped
 from specdec.zoo.measure import measure, read_figures
-from specdec.zoo.options import drafter_options, registry_name, unavailable, zoo_drafters
+from specdec.zoo.options import draft_length, drafter_options, registry_name, unavailable, zoo_drafters
 from specdec.zoo.settings import FULL, HYBRID, HYBRID_QUICK, QUICK, XTOK, ZooSettings, family, settings_from_record
 from specdec.zoo.shipped import ZooIntegrityError, open_shipped, piece_dir, ready, shipped_names
 from specdec.zoo.store import PIECES, cache_root, family_dir, finished, manifest, ships
 
 __all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "PIECES", "QUICK", "XTOK", "ZooIntegrityError", "ZooSettings", "build",
-           "cache_root", "drafter_options", "extend", "extend_shipped", "family", "family_dir", "finished", "manifest",
-           "measure", "open_shipped", "piece_dir", "read_figures", "ready", "registry_name", "settings_from_record",
+           "cache_root", "draft_length", "drafter_options", "extend", "extend_shipped", "family", "family_dir",
+           "finished", "manifest", "measure", "open_shipped", "piece_dir", "read_figures", "ready", "registry_name", "settings_from_record",
            "shipped_names", "ships", "unavailable", "zoo_drafters"]

@@ -6,7 +6,8 @@
 3. the family's learned drafters (a draft model, Medusa heads, an EAGLE-1 and an EAGLE-3 head, or
    those of them its settings name), distilled together from the frozen target; a draft model on
    a tokenizer of its own, trained on the text (`specdec.zoo.xtok`); and a retrieval datastore (a
-   suffix array) of the training text;
+   suffix array) of the training text; and the block drafters its settings name, DFlash and PARD,
+   each trained alone from the frozen target (`specdec.zoo.parallel`);
 4. the evaluation (held-out prompts and loss windows, `evaluation/`), every figure measured on it
    from the files just written (`specdec.zoo.measure`: losses, accepted lengths with intervals,
    loop shares, into `figures.json`), and each drafter's draft tax: one draft step's cost against
@@ -53,7 +54,8 @@ from specdec.versions import software_versions
 from specdec.zoo.costs import draft_costs
 from specdec.zoo.measure import Evaluation, measure, read_evaluation, write_evaluation
 from specdec.zoo.options import zoo_drafters
-from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, XTOK, ZooSettings
+from specdec.zoo.parallel import build_dflash, build_pard
+from specdec.zoo.settings import FULL, LEARNED, TRAINING_FREE, VARIANTS, XTOK, ZooSettings
 from specdec.zoo.store import CALIBRATION, MANIFEST, family_dir, ships, staging
 from specdec.zoo.xtok import build_xtok
 
@@ -97,6 +99,10 @@ def _build_into(work: Path, settings: ZooSettings, show_progress: bool, say: Cal
     if XTOK in settings.drafters:
         sizes[XTOK] = build_xtok(work, settings, corpus, show_progress, say)
         stages.done("draft_model_xtok")
+    for name, build_piece in (("dflash", build_dflash), ("pard", build_pard)):
+        if name in settings.drafters:
+            sizes[name] = build_piece(work, settings, target, tokenizer, data.train, show_progress, say)
+            stages.done(name)
     if "retrieval" in settings.drafters:
         say("datastore: a suffix array of the training text, for the retrieval drafter")
         build_datastore_from_ids(documents(data.train, eos), work / "datastore", tokenizer=tokenizer,
@@ -229,6 +235,8 @@ def piece_entries(work: Path, settings: ZooSettings, labels: tuple[str, ...], si
             pieces[name]["value_temperature"] = temperatures[name]
     for name in (name for name in TRAINING_FREE if name in labels):
         pieces[name] = {"path": "datastore" if name == "retrieval" else None}
+    for name in (name for name in VARIANTS if name in labels):
+        pieces[name] = {"path": name.split("-k")[0]}  # another k of a piece the family has
     if "retrieval" in pieces:
         pieces["retrieval"]["bytes"] = _bytes(work / "datastore")
     for name, drafter_costs in costs["drafters"].items():

@@ -13,7 +13,8 @@ of k tokens, so it includes the drafter's catch-up on the tokens just accepted a
   (`specdec.runtime.timing.forward_costs`).
 - `draft_seconds`: the median over rounds of drafting seconds per verify step.
 - `model_steps`: the drafter forwards one draft makes: k for a model drafting a chain token by
-  token (draft-model, EAGLE, EAGLE-3, MTP), 1 for Medusa (all heads in one pass), 0 for a
+  token (draft-model, EAGLE, EAGLE-3, MTP), 1 for Medusa (all heads in one pass) and for the block
+  drafters (DFlash, PARD: the whole draft in one forward), 0 for a
   model-free drafter (n-grams, suffix trees, a datastore, lookahead's pool).
 - `step_seconds` = draft_seconds / model_steps, one draft step; `step_ratio` = step_seconds / T(1),
   the figure the zoo's proportions are judged by (at most 1/10 for a drafter layer, 1/8 for the
@@ -39,7 +40,7 @@ __all__ = ["MODEL_STEPS", "draft_costs", "model_steps"]
 # drafter forwards per draft of a chain of k tokens, by zoo label: "k" for token-by-token drafters (the self
 # drafter's forward runs the target's kept layers)
 MODEL_STEPS: dict[str, str | int] = {"draft-model": "k", "draft-model-xtok": "k", "eagle": "k", "eagle3": "k",
-                                     "mtp": "k", "self": "k", "medusa": 1}
+                                     "eagle3-k15": "k", "mtp": "k", "self": "k", "medusa": 1, "dflash": 1, "pard": 1}
 
 
 def model_steps(name: str, k: int) -> int:

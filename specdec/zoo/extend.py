@@ -9,9 +9,11 @@ family's stored evaluation, and merges them into its files; every file it had st
 1. The settings must be the family's own but for the added drafters (and the fields only they
    use, such as `xtok_vocab_size` and `xtok_steps`), and the family must hold its evaluation and figures.
 2. Each added drafter is one of `EXTENDABLE`: `draft-model-xtok` (its tokenizer and model train on
-   the text alone, `specdec.zoo.xtok`, on the standard library the family was built from) or a
-   training-free drafter that needs no file (ngram, lookahead, suffix, self). A distilled student
-   trains together with the others, and retrieval needs its datastore: those need a build.
+   the text alone, `specdec.zoo.xtok`, on the standard library the family was built from), a block
+   drafter (DFlash, PARD: each trains alone from the frozen target, `specdec.zoo.parallel`), a
+   training-free drafter that needs no file (ngram, lookahead, suffix, self) or a variant row of a
+   piece the family has (`eagle3-k15`). A distilled student trains together with the others, and
+   retrieval needs its datastore: those need a build.
 3. The new rows' figures: their held-out losses, each evaluation prompt decoded as `measure`
    decodes it (`decode_rows`), and their draft tax (`family_costs`). The mean accepted lengths,
    intervals and loop shares of the earlier rows are computed again from the per-prompt counts
@@ -46,15 +48,18 @@ from specdec.zoo.build import family_costs, piece_entries
 from specdec.zoo.measure import (FIGURES, PromptRun, acceptance_figures, decode_rows, ordered, piece_losses,
                                  read_evaluation, read_figures, write_figures)
 from specdec.zoo.packing import sha256
-from specdec.zoo.settings import LATER_FIELDS, LEARNED, TRAINING_FREE, XTOK, ZooSettings, settings_from_record
+from specdec.zoo.parallel import build_dflash, build_pard
+from specdec.zoo.settings import (LATER_FIELDS, LEARNED, PARALLEL, TRAINING_FREE, VARIANTS, XTOK, ZooSettings,
+                                  settings_from_record)
 from specdec.zoo.shipped import RECORD, SHIPPED, open_shipped, ship
 from specdec.zoo.store import MANIFEST, family_dir, manifest, staging_into
 from specdec.zoo.xtok import build_xtok
 
 __all__ = ["EXTENDABLE", "added_drafters", "extend", "extend_shipped", "measure_rows", "measure_shipped_rows"]
 
-EXTENDABLE = (XTOK, "ngram", "lookahead", "suffix", "self")
-PIECE_FIELDS = {XTOK: ("xtok_vocab_size", "xtok_steps")}  # settings only a piece uses, which may change as it is added
+EXTENDABLE = (XTOK, *PARALLEL, "ngram", "lookahead", "suffix", "self", *VARIANTS)
+PIECE_FIELDS = {XTOK: ("xtok_vocab_size", "xtok_steps"), "dflash": ("dflash_layers", "dflash_steps"),
+                "pard": ("pard_steps",)}  # settings only a piece uses, which may change as it is added
 
 
 def added_drafters(record: dict[str, Any], settings: ZooSettings, directory: Path) -> tuple[str, ...]:
@@ -115,6 +120,21 @@ def _extend_into(work: Path, settings: ZooSettings, record: dict[str, Any], adde
     if XTOK in added:
         sizes[XTOK] = build_xtok(work, settings, _family_corpus(record), show_progress, say)
         stages["draft_model_xtok"] = round(time.perf_counter() - began, 1)
+    parallel = [name for name in PARALLEL if name in added]
+    if parallel:
+        from specdec.checkpoints import load_tokenizer
+        from specdec.training.data import encode_corpus
+
+        tokenizer = load_tokenizer(work / "tokenizer")
+        data = encode_corpus(tokenizer, _family_corpus(record), int(tokenizer.eos_token_id), settings.train_chars,
+                             settings.heldout_chars)
+        with quiet_transformers():
+            target = load_causal_lm(work / "target").eval()
+        build = {"dflash": build_dflash, "pard": build_pard}
+        for name in parallel:
+            mark = time.perf_counter()
+            sizes[name] = build[name](work, settings, target, tokenizer, data.train, show_progress, say)
+            stages[name] = round(time.perf_counter() - mark, 1)
     mark = time.perf_counter()
     measure_rows(work, added, say)
     stages["measures"] = round(time.perf_counter() - mark, 1)
@@ -124,7 +144,7 @@ def _extend_into(work: Path, settings: ZooSettings, record: dict[str, Any], adde
         entry["target_forward_seconds"] = costs["target_forward_seconds"]  # this run's T(1), not the build's
     stages["draft_tax"] = round(time.perf_counter() - mark, 1)
     pieces = record["pieces"] | piece_entries(work, settings, added, sizes, {}, costs)
-    order = ["tokenizer", "target", *LEARNED, *TRAINING_FREE]
+    order = ["tokenizer", "target", *LEARNED, *TRAINING_FREE, *VARIANTS]
     extension = {"added": list(added), "seconds": round(time.perf_counter() - began, 1), "stage_seconds": stages,
                  "threads": torch.get_num_threads(), "versions": software_versions(),
                  "target_forward_seconds": costs["target_forward_seconds"], "from_key": record["key"]}

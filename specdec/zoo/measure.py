@@ -39,6 +39,7 @@ from specdec.drafters.feature_heads.eagle import load_eagle
 from specdec.drafters.feature_heads.eagle3_files import load_eagle3
 from specdec.drafters.feature_heads.medusa_files import load_medusa
 from specdec.drafters.feature_heads.mtp_files import load_mtp
+from specdec.drafters.parallel.dflash_files import load_dflash
 from specdec.intervals import LEVEL, RESAMPLES, rank_labels, ranks, ratio_interval
 from specdec.plugins import make_drafter
 from specdec.runtime.target import CausalLM
@@ -47,10 +48,12 @@ from specdec.training.draft_model import DraftModelStudent
 from specdec.training.eagle import EagleStudent
 from specdec.training.eagle3 import Eagle3Student
 from specdec.training.medusa import MedusaStudent
+from specdec.training.dflash import DFlashStudent
 from specdec.training.mtp import MtpStudent
+from specdec.training.pard import PardRecipe, PardStudent
 from specdec.training.target import heldout_loss
 from specdec.types import Sampling
-from specdec.zoo.options import ROWS, zoo_drafters
+from specdec.zoo.options import ROWS, draft_length, zoo_drafters
 from specdec.zoo.settings import LEARNED, XTOK
 from specdec.zoo.xtok import xtok_loss
 
@@ -128,11 +131,18 @@ def load_students(directory: Path, target: Any, names: Sequence[str]) -> list[An
         "medusa": lambda: MedusaStudent(load_medusa(directory / "medusa")),
         "eagle": lambda: EagleStudent(load_eagle(directory / "eagle"), embed, lm_head),
         "eagle3": lambda: Eagle3Student(load_eagle3(directory / "eagle3"), embed),
-        "mtp": lambda: MtpStudent(load_mtp(directory / "target"), embed, lm_head)}
+        "mtp": lambda: MtpStudent(load_mtp(directory / "target"), embed, lm_head),
+        "dflash": lambda: DFlashStudent(load_dflash(directory / "dflash"), embed, lm_head),
+        "pard": lambda: _pard_student(directory / "pard", lm_head)}
     students = [load[name]() for name in load if name in names]
     for student in students:
         student.module.eval()
     return students
+
+
+def _pard_student(directory: Path, lm_head: Any) -> PardStudent:
+    model = load_causal_lm(directory)
+    return PardStudent(model, int(model.config.pard_token), int(lm_head.weight.shape[0]), PardRecipe())
 
 
 @dataclass(frozen=True)
@@ -157,20 +167,21 @@ class PromptRun:
 
 
 def decode_prompts(target: CausalLM, prompts: Sequence[torch.Tensor], drafter: Any, evaluation: Evaluation,
-                   compile: bool = False, on_prompt: Callable[[], None] | None = None, tokenizer: Any = None
-                   ) -> tuple[list[list[int]], list[PromptRun], list[float]]:
+                   compile: bool = False, on_prompt: Callable[[], None] | None = None, tokenizer: Any = None,
+                   k: int | None = None) -> tuple[list[list[int]], list[PromptRun], list[float]]:
     """Every prompt decoded with `drafter` (None: plain decoding): the tokens, the counts and the
     seconds of each. A drafter that remembers earlier outputs forgets them first. Verified
     token-wise (`MEASURED_RULE`): the zoo's figures keep the rule every engine shares, so they
     compare with published ones; `docs/verification.md` gives what the other rules add.
     `tokenizer` is the target's, which a drafter may need (a draft model of another tokenizer,
-    the self drafter's calibration text)."""
+    the self drafter's calibration text). `k`: the draft length (None: the evaluation's)."""
     from specdec.protocols import forget
 
     forget(drafter)
     outputs, runs, seconds = [], [], []
     for i, prompt in enumerate(prompts):
-        result = generate(target, prompt, drafter=drafter, num_draft_tokens=evaluation.k if drafter is not None else 0,
+        length = (evaluation.k if k is None else k) if drafter is not None else 0
+        result = generate(target, prompt, drafter=drafter, num_draft_tokens=length,
                           max_new_tokens=evaluation.new_tokens, sampling=evaluation.sampling,
                           seed=evaluation.seed + i, compile=compile, verify_rule=evaluation.verify_rule,
                           tokenizer=tokenizer)
@@ -242,7 +253,8 @@ def decode_rows(directory: Path, model: Any, evaluation: Evaluation, labels: Seq
     drafters = zoo_drafters(directory, tuple(labels))
     say(f"decoding {len(ids)} prompts{' plainly and' if plain else ''} with {', '.join(drafters)}")
     plain_runs = decode_prompts(target, ids, None, evaluation)[1] if plain else []
-    runs = {label: decode_prompts(target, ids, make_drafter(name, **options), evaluation, tokenizer=tokenizer)[1]
+    runs = {label: decode_prompts(target, ids, make_drafter(name, **options), evaluation, tokenizer=tokenizer,
+                                  k=draft_length(label, evaluation.k))[1]
             for label, (name, options) in drafters.items()}
     return plain_runs, runs
 

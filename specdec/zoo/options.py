@@ -6,7 +6,11 @@ build fitted for its dynamic trees.
 Most labels are their drafter's registered name. A label that is not names another piece the
 same drafter can serve: `draft-model-xtok` is the `draft-model` drafter on the family's draft
 model of another tokenizer (`{"model": <family>/draft-model-xtok}`, translating with its default
-`translate="auto"`), so a family can hold two rows of one drafter."""
+`translate="auto"`), so a family can hold two rows of one drafter.
+
+A row may draft another k than the family's (`draft_length`): DFlash drafts its block, k = 15
+(`specdec.zoo.settings.DFLASH_BLOCK` - 1), and `eagle3-k15` is the EAGLE-3 head at that same k, so
+the figures compare DFlash with every drafter at the family's k and with EAGLE-3 at its own."""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.zoo.settings import XTOK
+from specdec.zoo.settings import DFLASH_BLOCK, XTOK
 from specdec.zoo.store import CALIBRATION, MANIFEST
 
-__all__ = ["ROWS", "UNAVAILABLE", "Row", "drafter_options", "registry_name", "unavailable", "zoo_drafters"]
+__all__ = ["ROWS", "UNAVAILABLE", "Row", "draft_length", "drafter_options", "registry_name", "unavailable",
+           "zoo_drafters"]
 
 UNAVAILABLE = "unavailable.json"  # drafters a family directory cannot serve on this machine, and why
 
@@ -31,6 +36,7 @@ class Row:
     drafter: str
     piece: tuple[str, str] | None = None
     fixed: tuple[tuple[str, Any], ...] = ()
+    k: int | None = None  # the draft length it is measured at; None: the family's
 
     def options(self, directory: Path) -> dict[str, Any]:
         named = {self.piece[0]: str(directory / self.piece[1])} if self.piece is not None else {}
@@ -45,7 +51,16 @@ ROWS: dict[str, Row] = {  # label -> what it makes, in the order the options lis
     XTOK: Row("draft-model", ("model", XTOK)),  # its tokenizer lies beside it; the target's comes from generate
     "medusa": Row("medusa", ("path", "medusa")), "eagle": Row("eagle", ("path", "eagle")),
     "eagle3": Row("eagle3", ("path", "eagle3")),
-    "mtp": Row("mtp", ("path", "target"))}
+    "mtp": Row("mtp", ("path", "target")),
+    "dflash": Row("dflash", ("path", "dflash"), k=DFLASH_BLOCK - 1),  # its whole block, one forward
+    "eagle3-k15": Row("eagle3", ("path", "eagle3"), k=DFLASH_BLOCK - 1),  # EAGLE-3 at DFlash's k
+    "pard": Row("pard", ("model", "pard"))}
+
+
+def draft_length(label: str, k: int) -> int:
+    """The k a zoo label drafts when its family's is `k` (a label the zoo does not know: `k`)."""
+    row = ROWS.get(label)
+    return k if row is None or row.k is None else row.k
 
 
 def registry_name(label: str) -> str:

@@ -36,9 +36,9 @@ __all__ = ["DOCUMENTS", "blocks", "publish", "render", "rewrite_documents", "sta
 ROOT = Path(__file__).resolve().parents[2]  # the source tree: README.md and docs/ beside specdec/
 DOCUMENTS = ("README.md", "docs/zoo.md")
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
-LEARNED_ORDER = ("target", "draft-model", "draft-model-xtok", "medusa", "eagle", "eagle3", "mtp")
+LEARNED_ORDER = ("target", "draft-model", "draft-model-xtok", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard")
 DRAFTER_ORDER = ("ngram", "lookahead", "suffix", "retrieval", "self", "draft-model", "draft-model-xtok", "medusa",
-                 "eagle", "eagle3", "mtp")
+                 "eagle", "eagle3", "mtp", "dflash", "pard", "eagle3-k15")
 
 
 def _interval(value: dict[str, float]) -> str:

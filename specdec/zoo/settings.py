@@ -13,16 +13,21 @@ from specdec.training.draft_model import DraftSize
 from specdec.training.optim import Steps
 from specdec.training.target import TargetSize
 
-__all__ = ["FULL", "HYBRID", "HYBRID_QUICK", "LATER_FIELDS", "LEARNED", "QUICK", "TRAINING_FREE", "XTOK", "ZOO_FORMAT",
-           "ZooSettings", "family", "settings_from_record"]
+__all__ = ["DFLASH_BLOCK", "FULL", "HYBRID", "HYBRID_QUICK", "LATER_FIELDS", "LEARNED", "PARALLEL", "QUICK",
+           "TRAINING_FREE", "VARIANTS", "XTOK", "ZOO_FORMAT", "ZooSettings", "family", "settings_from_record"]
 
 ZOO_FORMAT = 10  # bump when the build changes what the same settings produce (10: evaluation and figures files)
 XTOK = "draft-model-xtok"  # the draft model on a tokenizer of its own (`specdec.zoo.xtok`)
-LEARNED = ("draft-model", XTOK, "medusa", "eagle", "eagle3", "mtp")  # trained by the build (mtp with the target)
+PARALLEL = ("dflash", "pard")  # block drafters, each trained alone from the frozen target (`specdec.zoo.parallel`)
+LEARNED = ("draft-model", XTOK, "medusa", "eagle", "eagle3", "mtp", *PARALLEL)  # trained by the build (mtp with the
+# target)
 TRAINING_FREE = ("ngram", "lookahead", "suffix", "retrieval", "self")
+DFLASH_BLOCK = 16  # the zoo's DFlash block, the published drafters': it drafts k = 15 (`specdec.zoo.options`)
+VARIANTS = ("eagle3-k15",)  # rows of a drafter the family has, at another k: EAGLE-3 at DFlash's k
 # Fields added after families had shipped, without a ZOO_FORMAT bump (they change nothing else a build
 # writes): at these values they are left out of a family's record, so families without them keep their keys.
-LATER_FIELDS = {"xtok_vocab_size": None, "xtok_steps": None}
+LATER_FIELDS = {"xtok_vocab_size": None, "xtok_steps": None, "dflash_layers": None, "dflash_steps": None,
+                "pard_steps": None}
 
 
 @dataclass(frozen=True)
@@ -54,18 +59,35 @@ class ZooSettings:
     cost_rounds: int  # timed rounds of the draft-tax measurement (`specdec.zoo.costs`)
     cost_compiled: bool  # measure it on the compiled engine (the quick family's 60 s budget cannot compile)
     seed: int = 0
-    drafters: tuple[str, ...] = LEARNED + TRAINING_FREE  # the family's drafters: those that serve its target
+    # the family's drafters: those that serve its target (the block drafters and variants where a family names them)
+    drafters: tuple[str, ...] = tuple(name for name in LEARNED if name not in PARALLEL) + TRAINING_FREE
     # draft-model-xtok's own tokenizer: a metaspace BPE with byte fallback (sentencepiece style) of this many
     # entries, another size than the target's byte-level `vocab_size`; None: the family has no such piece
     xtok_vocab_size: int | None = None
     # draft-model-xtok's training steps (the students' batch, windows and learning rate); None: the students' steps
     xtok_steps: int | None = None
+    # the DFlash drafter's layers and training steps (its block is DFLASH_BLOCK); None: the family has none
+    dflash_layers: int | None = None
+    dflash_steps: int | None = None
+    # the PARD draft model's training steps (the draft model's shape, started from the distilled draft model)
+    pard_steps: int | None = None
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.drafters) - set(LEARNED + TRAINING_FREE))
+        unknown = sorted(set(self.drafters) - set(LEARNED + TRAINING_FREE + VARIANTS))
         if unknown or "mtp" not in self.drafters:
-            raise ValueError(f"zoo family {self.name!r}: drafters must come from {LEARNED + TRAINING_FREE} and "
-                             f"include mtp (trained with the target), got {self.drafters}")
+            raise ValueError(f"zoo family {self.name!r}: drafters must come from {LEARNED + TRAINING_FREE + VARIANTS} "
+                             f"and include mtp (trained with the target), got {self.drafters}")
+        for name, fields_ in (("dflash", (self.dflash_layers, self.dflash_steps)), ("pard", (self.pard_steps,))):
+            if (name in self.drafters) != all(value is not None for value in fields_) or \
+                    any(value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+                        for value in fields_):
+                raise ValueError(f"zoo family {self.name!r}: {name}'s settings are positive ints exactly when the "
+                                 f"drafters include {name}, got {fields_} with drafters {self.drafters}")
+        if "pard" in self.drafters and "draft-model" not in self.drafters:
+            raise ValueError(f"zoo family {self.name!r}: pard starts from the family's draft model; add draft-model")
+        if "eagle3-k15" in self.drafters and ("eagle3" not in self.drafters or "dflash" not in self.drafters):
+            raise ValueError(f"zoo family {self.name!r}: eagle3-k15 is EAGLE-3 at DFlash's k; it needs eagle3 "
+                             "and dflash")
         if (XTOK in self.drafters) != (self.xtok_vocab_size is not None):
             raise ValueError(f"zoo family {self.name!r}: xtok_vocab_size is set exactly when the drafters include "
                              f"{XTOK}, got {self.xtok_vocab_size!r} with drafters {self.drafters}")
@@ -108,7 +130,11 @@ FULL = ZooSettings(
     cost_rounds=3, cost_compiled=True,
     # draft-model-xtok: 1.5 times the target's 2048 entries (it shares 91% of the held-out target tokens; 1536: 82%),
     # trained 2500 steps, to about the distilled draft model's held-out loss (450 steps left it far above)
-    xtok_vocab_size=3072, xtok_steps=2500)
+    xtok_vocab_size=3072, xtok_steps=2500,
+    # the block drafters, added by `specdec zoo extend`: DFlash (two layers fusing five of the target's, block 16)
+    # and PARD (from the draft model), and EAGLE-3 at DFlash's k
+    drafters=("draft-model", XTOK, "medusa", "eagle", "eagle3", "mtp", "dflash", "pard", *TRAINING_FREE, "eagle3-k15"),
+    dflash_layers=2, dflash_steps=1200, pard_steps=100)
 
 QUICK = ZooSettings(
     name="quick", vocab_size=512, tokenizer_chars=300_000, train_chars=1_000_000, heldout_chars=100_000,
@@ -121,8 +147,9 @@ QUICK = ZooSettings(
     eval_windows=8, eval_prompts=1, eval_new_tokens=24, eval_temperature=0.5,
     cost_rounds=1, cost_compiled=False,
     # every drafter but draft-model-xtok (its build minute) and self (which refuses the batches the tests
-    # decode every zoo drafter in)
-    drafters=("draft-model", "medusa", "eagle", "eagle3", "mtp", "ngram", "lookahead", "suffix", "retrieval"))
+    # decode every zoo drafter in), the block drafters trained a few steps (their build path, not their figures)
+    drafters=("draft-model", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard", "ngram", "lookahead", "suffix",
+              "retrieval"), dflash_layers=1, dflash_steps=10, pard_steps=10)
 
 # The Qwen3.5 case: a hybrid target in Qwen3.5's layout (three GatedDeltaNet linear-attention layers
 # to one full-attention layer) with one MTP module, and the drafters that serve such a target
@@ -134,7 +161,8 @@ HYBRID = replace(  # the full family's data and students, a shallower hybrid tar
     target=TargetSize(hidden=64, layers=12, heads=2, kv_heads=1, intermediate=192, architecture="qwen3_5"),
     target_steps=replace(FULL.target_steps, steps=500), student_steps=replace(FULL.student_steps, steps=150),
     eagle3_layers=(2, 6, 10), cost_compiled=False,  # eager draft tax: the build stays near 6 min
-    drafters=HYBRID_DRAFTERS, xtok_vocab_size=None, xtok_steps=None)
+    drafters=(*HYBRID_DRAFTERS, "dflash", "eagle3-k15"), xtok_vocab_size=None, xtok_steps=None,
+    dflash_steps=800, pard_steps=None)  # the seed's question: DFlash or the model's own MTP module
 
 HYBRID_QUICK = ZooSettings(
     name="hybrid-quick", vocab_size=384, tokenizer_chars=200_000, train_chars=400_000, heldout_chars=50_000,

@@ -29,7 +29,7 @@ SHIPPED_RECORD = "shipped.json"
 CALIBRATION = "value_temperatures.json"  # the dynamic-tree value temperature of each learned drafter
 PIECES = {"tokenizer": "tokenizer", "target": "target", "draft-model": "draft-model",
           "draft-model-xtok": "draft-model-xtok", "medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3",
-          "mtp": "target", "datastore": "datastore"}  # piece -> directory (the MTP module lives in the target's files)
+          "mtp": "target", "dflash": "dflash", "pard": "pard", "datastore": "datastore"}  # piece -> directory (the MTP module lives in the target's files)
 
 
 def cache_root(override: str | Path | None = None) -> Path:
