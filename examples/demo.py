@@ -12,7 +12,8 @@ round it has seen other prompts first).
 
 The zoo ships with specdec (`specdec.zoo.shipped`): a tokenizer, a 32-layer Qwen3-architecture
 target with an MTP module, a draft model, a draft model on a tokenizer of its own (draft-model-xtok:
-drafting across vocabularies), Medusa heads, an EAGLE-1 and an EAGLE-3 head, all trained by specdec
+drafting across vocabularies), Medusa heads, an EAGLE-1 and an EAGLE-3 head, a DFlash block drafter
+and a PARD draft model (parallel drafters: a whole draft from one forward), all trained by specdec
 on the standard library's source, and a retrieval datastore of that text, rebuilt from its recipe on
 first use. Every machine decodes with the same bytes, so the accepted lengths below are the ones
 `docs/zoo.md` publishes. Every drafter, the training-free ones (ngram, lookahead, suffix, retrieval,
@@ -20,7 +21,8 @@ and self: the target drafting with some of its own layers) and the learned ones,
 family's evaluation prompts (held-out function signatures, class headers and half-written functions)
 at the family's temperature with a fixed seed per prompt, k draft tokens per step, interleaved
 prompt by prompt with plain decoding of the same target, once drafting chains and once drafting
-token trees (NAME+tree, `docs/trees.md`; the drafters that draft trees). Sampled, because the zoo's
+token trees (NAME+tree, `docs/trees.md`; the drafters that draft trees; dflash+tree is DDTree).
+DFlash drafts its whole block, k = 15, and eagle3-k15 is the EAGLE-3 head at that same k. Sampled, because the zoo's
 small target decoded greedily falls into loops ("is a file is a file ..."), which any drafter
 predicts (`docs/zoo.md`, *Figures*). The table gives per drafter:
 
@@ -40,7 +42,8 @@ target forward of plain decoding, and what a draft of k tokens costs in target f
 
 Then the Qwen3.5 case: the zoo's hybrid family (also shipped: a target in Qwen3.5's layout, three
 GatedDeltaNet linear-attention layers to one full-attention layer, trained with one MTP module)
-decodes the same way plainly and with its MTP module drafting chains and trees, compiled: the
+decodes the same way plainly, with its MTP module and with a DFlash drafter trained for it
+(the seed's question: which drafter a Qwen3.5 model should use), chains and trees, compiled: the
 linear layers keep each draft row's state and the commit takes the accepted one
 (`docs/engine.md`), with its draft tax below.
 
@@ -81,9 +84,11 @@ HEADER = ("drafter", "mean acc. len [95%]", "acc. rank", "from loops", "acceptan
           "speed rank", "lossless")
 FIRST_LOOK_HEADER = HEADER[:5]  # what a first look shows: the same for the eager and the compiled engine
 CHAINS = ("ngram", "lookahead", "suffix", "retrieval", "draft-model", "draft-model-xtok", "self", "medusa", "eagle",
-          "eagle3", "mtp")  # zoo labels (`specdec.zoo.options`); those the family has are shown
-DRAFTERS = tuple(label for name in CHAINS for label in (name, f"{name}+tree"))  # NAME+tree: its token-tree mode
-HYBRID_DRAFTERS = ("mtp", "mtp+tree")  # the hybrid family's story: its MTP module, chains and trees
+          "eagle3", "mtp", "dflash", "pard")  # zoo labels (`specdec.zoo.options`); those the family has are shown
+# NAME+tree: its token-tree mode (dflash+tree: DDTree); then EAGLE-3 at DFlash's k, a chain
+DRAFTERS = (*(label for name in CHAINS for label in (name, f"{name}+tree")), "eagle3-k15")
+# the hybrid family's story, the seed's question: its own MTP module or a DFlash drafter, chains and trees
+HYBRID_DRAFTERS = ("mtp", "mtp+tree", "dflash", "dflash+tree")
 FIRST_LOOK = 3  # prompts of the first look (--first-look): the categories' first prompts in turn
 # The rates the start's estimate counts with, measured on 2 CPU cores (docs/zoo.md, *How long
 # `make demo` takes*): seconds a token decoded eagerly and compiled (one thread, the shipped rows on
@@ -392,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         if labels is HYBRID_DRAFTERS:
             size = settings.target
             print(f"\nThe Qwen3.5 case: a hybrid target of {size.layers} layers ({size.layers * 3 // 4} "
-                  f"GatedDeltaNet linear-attention, {size.layers // 4} full-attention) and one MTP module, drafting "
-                  "chains and trees.")
+                  f"GatedDeltaNet linear-attention, {size.layers // 4} full-attention): its own MTP module against a "
+                  "DFlash drafter trained for it, drafting chains and trees.")
         exact &= show_family(family, args, rest)
     estimate = sum(look.seconds + full.seconds for look, full in plans)
     print(f"\nTotal {time.perf_counter() - began:.0f} s (estimated at the start: {estimate:.0f} s).")

@@ -127,7 +127,7 @@ class PardDrafter(DraftModelDrafter):
 
     name: ClassVar[str] = "pard"
     capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.STATE, Capability.CACHE_LENGTH})
-    tree_options: ClassVar[dict[str, Any]] = {}  # chains only
+    tree_options: ClassVar[dict[str, Any] | None] = None  # chains only (no tree mode in the bench, demo or play)
 
     def __init__(self, model: PreTrainedModel | str | Path, pard_token: int | None = None, sample: bool = True,
                  translate: str = "auto", tokenizer: Any = None, shard: bool = False,
