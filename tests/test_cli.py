@@ -121,7 +121,7 @@ def test_drafters_reports_plugin_failures_after_the_list(monkeypatch: pytest.Mon
     assert run(["drafters"]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines[0].startswith("draft-model") and any(line.startswith("ngram") for line in lines)
+    assert lines[0].startswith("dflash") and any(line.startswith("ngram") for line in lines)  # sorted by name
     assert "broken-plugin" in lines[-1] and "not_installed" in lines[-1]
     assert "Warning" not in captured.err
 

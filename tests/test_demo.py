@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from specdec import zoo
 
 DEMO_PATH = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
 K = 4
@@ -95,8 +96,9 @@ def _interval(cell: str) -> tuple[float, float, float]:
 def test_the_table_lists_plain_decoding_and_every_drafter(quick_run):
     code, rows, output = quick_run
     assert code == 0, output
-    chains = ["ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp"]
-    assert [r["drafter"] for r in rows] == ["plain", *[label for name in chains for label in (name, f"{name}+tree")]]
+    chains = ["ngram", "lookahead", "suffix", "retrieval", "draft-model", "medusa", "eagle", "eagle3", "mtp", "dflash"]
+    assert [r["drafter"] for r in rows] == ["plain", *[label for name in chains for label in (name, f"{name}+tree")],
+                                            "pard"]  # pard drafts chains only
     assert "3 held-out prompts (block, class, signature), temperature 0.5" in output
 
 
@@ -112,7 +114,7 @@ def test_figures_are_consistent_and_ranks_follow_the_intervals(quick_run):
     assert (plain["acceptance"], plain["speedup [95%]"], plain["acc. rank"]) == ("-", "1.00x", "-")
     for row in rows[1:]:
         estimate, low, high = _interval(row["mean acc. len [95%]"])
-        assert 1.0 <= low <= estimate <= high <= K + 1, row
+        assert 1.0 <= low <= estimate <= high <= zoo.draft_length(row["drafter"].removesuffix("+tree"), K) + 1, row
         assert 0 <= float(row["from loops"]) <= estimate - 1 + 1e-9, row
         assert 0 <= int(row["acceptance"].rstrip("%")) <= 100, row
         speedup = _interval(row["speedup [95%]"])

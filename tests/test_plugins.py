@@ -19,7 +19,8 @@ import specdec
 from specdec import Draft, hookspecs, plugins
 from specdec.drafters import DraftModelDrafter, NgramDrafter
 
-BUILTIN_NAMES = {"ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "lookahead", "suffix", "retrieval",
+BUILTIN_NAMES = {"ngram", "draft-model", "medusa", "eagle", "eagle3", "mtp", "dflash", "pard", "lookahead", "suffix",
+                 "retrieval",
                  "self"}  # the drafters specdec ships
 
 

@@ -111,4 +111,4 @@ def test_a_hybrid_target_needs_its_layers_in_fours():
 
 def test_a_family_built_before_families_named_their_drafters_offers_every_drafter(tmp_path: Path):
     (tmp_path / "manifest.json").write_text(json.dumps({"settings": {"name": "full"}}))
-    assert set(zoo.drafter_options(tmp_path)) == set(zoo.settings.LEARNED + zoo.settings.TRAINING_FREE)
+    assert set(zoo.drafter_options(tmp_path)) == set(zoo.settings.LEARNED + zoo.settings.TRAINING_FREE + zoo.settings.VARIANTS)

@@ -26,8 +26,10 @@ def test_rows_draft_at_their_own_k_and_the_rest_at_the_familys():
 @pytest.mark.parametrize(("change", "message"), [
     ({"dflash_steps": None}, "dflash's settings"),
     ({"pard_steps": 0}, "pard's settings"),
-    ({"drafters": ("mtp", "pard")}, "pard starts from the family's draft model"),
-    ({"drafters": ("mtp", "eagle3", "eagle3-k15")}, "eagle3-k15 is EAGLE-3 at DFlash's k"),
+    ({"drafters": ("mtp", "pard"), "dflash_layers": None, "dflash_steps": None},
+     "pard starts from the family's draft model"),
+    ({"drafters": ("mtp", "eagle3", "eagle3-k15"), "dflash_layers": None, "dflash_steps": None, "pard_steps": None},
+     "eagle3-k15 is EAGLE-3 at DFlash's k"),
 ])
 def test_settings_name_the_block_drafters_fields_exactly_with_them(change, message):
     with pytest.raises(ValueError, match=message):

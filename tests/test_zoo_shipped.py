@@ -77,7 +77,8 @@ def test_the_committed_figures_are_what_the_shipped_bytes_give(full: Path):
         for i in chosen:
             one = type(evaluation)(evaluation.prompts[i:i + 1], evaluation.windows, evaluation.k, evaluation.new_tokens,
                                    evaluation.temperature, evaluation.seed + i)
-            _, runs, _ = decode_prompts(target, ids[i:i + 1], make_drafter(name, **options), one, tokenizer=tokenizer)
+            _, runs, _ = decode_prompts(target, ids[i:i + 1], make_drafter(name, **options), one, tokenizer=tokenizer,
+                                        k=zoo.draft_length(label, evaluation.k))
             assert runs[0].row() == figures["drafters"][label]["prompts"][i], (label, i)
     assert stale_blocks() == []
 
