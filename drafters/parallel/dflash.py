@@ -180,7 +180,8 @@ class DFlashDrafter:
         ordered = sorted(self.slots) if compiled else sorted(rows)  # compiled: every row, one shape
         slots = [self.slots[row] for row in ordered]
         columns = self.cache.capacity if compiled else max(max(self.cache.lengths[s] for s in slots), 1)
-        keys, values, visible = self.cache.view(None if compiled else slots, columns)
+        every = compiled or slots == list(range(len(self.slots)))  # every row, in slot order: views, no copy
+        keys, values, visible = self.cache.view(None if every else slots, columns)
         device = lm.device
         starts = torch.tensor([self.cache.lengths[slot] for slot in slots], device=device)  # (R,) position s
         last = torch.stack([rows[row].tokens[-1] if row in rows else rows[min(rows)].tokens[-1] for row in ordered])
