@@ -220,13 +220,18 @@ def test_cli_trains_saves_and_the_drafter_decodes_losslessly(byte_target, data_d
     out = tmp_path / "dflash"
     argv = ["train", "dflash", "--target", str(byte_target), "--data", str(data_dir), "--out", str(out), "--steps",
             "3", "--batch-size", "2", "--seq-len", "24", "--block-size", "6", "--dflash-layers", "1", "--k", "5",
-            "--no-progress"]
+            "--dflash-heads", "3", "--no-progress"]
     assert cli.main(argv) == 0, capsys.readouterr()
     assert f"saved dflash to {out}" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
     byte_level, _ = tokenizers
     assert config["dflash_config"]["mask_token_id"] == choose_mask_token(byte_level, len(byte_level), "t")
     assert config["block_size"] == 6 and config["num_hidden_layers"] == 1
+    # three heads, each with keys and values of its own, at the target's head size
+    target_config = json.loads((byte_target / "config.json").read_text())
+    assert config["num_attention_heads"] == config["num_key_value_heads"] == 3
+    assert config["head_dim"] == target_config.get("head_dim", target_config["hidden_size"]
+                                                   // target_config["num_attention_heads"])
     report = json.loads((out / "specdec_training.json").read_text())
     assert report["kind"] == "dflash" and 1.0 <= report["mean_accepted_length"] <= 6.0
     model = specdec.checkpoints.load_causal_lm(byte_target, dtype=torch.float64)
@@ -243,3 +248,9 @@ def test_cli_refuses_windows_shorter_than_a_block_in_one_line(byte_target, data_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--seq-len" in err and "block of 16" in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("heads", [0, -2, True, 2.5])
+def test_a_head_count_that_is_not_a_positive_integer_is_refused_naming_it(target, heads):
+    with pytest.raises(ValueError, match=rf"dflash: heads must be a positive integer, got {heads!r}"):
+        DFlashStudent.create(target, 0, mask_token_id=1, heads=heads)

@@ -30,6 +30,7 @@ def _train(args: argparse.Namespace) -> int:
             dflash_block_size=args.block_size, dflash_layers=args.dflash_layers,
             dflash_target_layers=_layers(args.dflash_target_layers, "--dflash-target-layers"),
             dflash_gamma=args.gamma, dflash_mask_token_id=args.mask_token_id, dflash_anchors=args.anchors,
+            dflash_heads=args.dflash_heads,
             pard=PardRecipe(para_num=args.para_num), pard_init=args.init)
         if args.k < 1:
             raise ValueError(f"--k must be >= 1, got {args.k}")
@@ -92,6 +93,9 @@ def add_train_command(commands: Any) -> None:
     train.add_argument("--dflash-target-layers", default=None, metavar="I,J",
                        help="dflash: target layers whose outputs are fused (0-based; default spread over "
                             "1..L-3 as the reference does)")
+    train.add_argument("--dflash-heads", type=int, default=None,
+                       help="dflash: attention heads, each with its own keys and values, at the target's head "
+                            "size (default: the target's heads)")
     train.add_argument("--gamma", type=float, default=None,
                        help="dflash: slot j's loss weight is exp(-(j-1)/gamma) (default 7 for B=16, 5 for 10, "
                             "4 for 8)")

@@ -73,17 +73,26 @@ def training_layer_ids(num_layers: int, draft_layers: int) -> tuple[int, ...]:
     return tuple(sorted({round(i * last / (count - 1)) for i in range(count)}))
 
 
-def dflash_layer_config(target_config: Any, hidden: int, vocab: int, layers: int) -> Qwen3Config:
+def dflash_layer_config(target_config: Any, hidden: int, vocab: int, layers: int,
+                        heads: int | None = None) -> Qwen3Config:
     """The Qwen3 config of `layers` draft layers shaped like the target's where it says how (heads,
-    head size, MLP width, RoPE base, context length); `vocab` = the target's embedding rows."""
-    heads = int(getattr(target_config, "num_attention_heads", 0) or max(1, hidden // 64))
+    head size, MLP width, RoPE base, context length); `vocab` = the target's embedding rows. `heads`:
+    that many attention heads, each with keys and values of its own (the target's head size), in
+    place of the target's heads: the context reaches the block only through keys and values, so
+    their width bounds what a slot reads of it."""
+    own = heads is not None
+    if own and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        raise ValueError(f"dflash: heads must be a positive integer, got {heads!r}")
+    target_heads = int(getattr(target_config, "num_attention_heads", 0) or max(1, hidden // 64))
+    head_dim = int(getattr(target_config, "head_dim", 0) or hidden // target_heads)
+    heads = heads if own else target_heads
     rope = getattr(target_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") or (rope.get("full_attention") or {}).get("rope_theta") \
         or getattr(target_config, "rope_theta", None) or 10000.0
     return Qwen3Config(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=int(getattr(target_config, "num_key_value_heads", 0) or heads),
-        head_dim=int(getattr(target_config, "head_dim", 0) or hidden // heads),
+        num_key_value_heads=heads if own else int(getattr(target_config, "num_key_value_heads", 0) or heads),
+        head_dim=head_dim,
         intermediate_size=int(getattr(target_config, "intermediate_size", 0) or 3 * hidden),
         rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
         max_position_embeddings=context_length(target_config),
@@ -157,9 +166,10 @@ class DFlashStudent:
     def create(cls, target: Any, seed: int, lr: float = 6e-4, *, tokenizer: Any = None,
                mask_token_id: int | None = None, block_size: int = 16, layers: int = 2,
                target_layer_ids: tuple[int, ...] | None = None, gamma: float | None = None,
-               anchors: int = 512) -> DFlashStudent:
+               anchors: int = 512, heads: int | None = None) -> DFlashStudent:
         """A fresh drafter of `layers` draft layers for `target`, masking with `mask_token_id` (None: an
-        id `tokenizer` never produces, `specdec.training.mask_token`)."""
+        id `tokenizer` never produces, `specdec.training.mask_token`); `heads` attention heads with
+        keys and values of their own (None: the target's heads, `dflash_layer_config`)."""
         for option, value, least in (("block_size", block_size, 2), ("layers", layers, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"dflash: {option} must be an integer >= {least}, got {value!r}")
@@ -178,7 +188,7 @@ class DFlashStudent:
         if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers for i in ids):
             raise ValueError(f"dflash: target layer ids {ids} are not layers of {name} (0..{num_layers - 1})")
         torch.manual_seed(seed)
-        spec = DFlashSpec(dflash_layer_config(config, hidden, rows, layers), block_size, mask_token_id, ids, num_layers)
+        spec = DFlashSpec(dflash_layer_config(config, hidden, rows, layers, heads), block_size, mask_token_id, ids, num_layers)
         head = DFlashHead(spec)
         with torch.no_grad():
             for parameter in head.parameters():

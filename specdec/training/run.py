@@ -66,6 +66,7 @@ class TrainSettings:
     dflash_gamma: float | None = None  # dflash: the slot weights' decay (None: 7 for B = 16, scaled)
     dflash_mask_token_id: int | None = None  # dflash: None: an id the tokenizer never produces
     dflash_anchors: int = 512  # dflash: blocks per training window, at most
+    dflash_heads: int | None = None  # dflash: attention heads, each with its own keys/values (None: the target's)
     pard: PardRecipe = field(default_factory=PardRecipe)  # pard: blocks and the conditional drop
     pard_init: str | None = None  # pard: start from this causal LM (None: a fresh draft model of `draft`)
     eval_windows: int = 16
@@ -102,7 +103,7 @@ def _student(kind: str, target: Any, settings: TrainSettings, data: torch.Tensor
         return DFlashStudent.create(target, seed, lr, tokenizer=tokenizer, mask_token_id=settings.dflash_mask_token_id,
                                     block_size=settings.dflash_block_size, layers=settings.dflash_layers,
                                     target_layer_ids=settings.dflash_target_layers, gamma=settings.dflash_gamma,
-                                    anchors=settings.dflash_anchors)
+                                    anchors=settings.dflash_anchors, heads=settings.dflash_heads)
     if kind == "pard":
         return PardStudent.create(settings.draft, target, tokenizer, seed, lr, from_target=settings.draft_from_target,
                                   init=settings.pard_init, recipe=settings.pard)
