@@ -1,0 +1,71 @@
+"""Packed weights on the CPU engine (`specdec.runtime.engine`, docs/engine.md *Packed weights*): a
+step whose weights are frozen into its graph and multiplied by inductor's C++ GEMM template. The
+tests force packing on tiny models (`PACKED_ENV`) and check that the template ran, that the tokens
+are those of eager decoding, and that a packed graph serves only the modules it was compiled with."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tiny import tiny_model
+
+import specdec
+from specdec.runtime import engine
+
+pytestmark = pytest.mark.usefixtures("strict_compile")
+
+
+def _templates() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cpp_templated_kernel_counter"])
+
+
+@pytest.fixture
+def packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(engine.PACKED_ENV, "1")
+
+
+def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decoding(packed):
+    model = tiny_model("llama", dtype=torch.float32, seed=3)
+    prompt = [5, 9, 2, 7]
+    eager = specdec.generate(model, prompt, max_new_tokens=12).tokens
+    before = _templates()
+    compiled = specdec.generate(model, prompt, max_new_tokens=12, compile=True).tokens
+    assert _templates() > before, "no matrix product went through inductor's C++ GEMM template"
+    assert compiled == eager
+    spec = specdec.generate(model, prompt, max_new_tokens=12, compile=True, drafter=specdec.make_drafter("ngram"),
+                            num_draft_tokens=3).tokens
+    assert spec == eager
+
+
+def test_a_packed_graph_serves_only_the_modules_it_was_compiled_with_and_no_copy(packed):
+    first, second = (tiny_model("llama", dtype=torch.float32, seed=seed, layers=1) for seed in (4, 5))
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [6, 6, 0, 2, 9]]  # one prefill shape: one graph per model
+    expected = [[specdec.generate(model, p, max_new_tokens=1).tokens for p in prompts] for model in (first, second)]
+    assert expected[0] != expected[1]  # the two models differ, so a shared graph would show
+    got = [[specdec.generate(model, p, max_new_tokens=1, compile=True).tokens for p in prompts]
+           for model in (first, second)]
+    assert got == expected
+    held = vars(first)[engine.PACKED_ATTRIBUTE]
+    assert held and all(isinstance(step, engine._Packed) for step in held.values())
+    assert not vars(copy.deepcopy(first))[engine.PACKED_ATTRIBUTE]  # a copy starts without the graphs
+
+
+def test_packing_is_decided_by_size_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch):
+    small = torch.nn.Linear(8, 8)
+    big = torch.nn.Linear(4096, 4096 + engine.PACKED_MIN_BYTES // (4 * 4096))  # just past the threshold in float32
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(engine.PACKED_ENV, raising=False)
+    assert not engine.packs_weights(cpu, (small,)) and engine.packs_weights(cpu, (big,))
+    assert not engine.packs_weights(torch.device("meta"), (big,))
+    monkeypatch.setenv(engine.PACKED_ENV, "0")
+    assert not engine.packs_weights(cpu, (big,))
+    monkeypatch.setenv(engine.PACKED_ENV, "1")
+    assert engine.packs_weights(cpu, (small,))
+    monkeypatch.setenv(engine.PACKED_ENV, "yes")
+    with pytest.raises(ValueError, match=r"SPECDEC_PACKED_WEIGHTS='yes'.*1.*0.*unset"):
+        engine.packs_weights(cpu, (small,))
+
