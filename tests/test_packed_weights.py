@@ -23,14 +23,22 @@ def _templates() -> int:
     return int(counters["inductor"]["cpp_templated_kernel_counter"])
 
 
+PROMPT = [5, 9, 2, 7]
+
+
 @pytest.fixture
 def packed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(engine.PACKED_ENV, "1")
 
 
-def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decoding(packed):
-    model = tiny_model("llama", dtype=torch.float32, seed=3)
-    prompt = [5, 9, 2, 7]
+@pytest.fixture(scope="module")
+def model():
+    """A tiny float32 Llama, compiled packed by the first test (its graphs reused by the second)."""
+    return tiny_model("llama", dtype=torch.float32, seed=3, layers=1)
+
+
+def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decoding(packed, model):
+    prompt = PROMPT
     eager = specdec.generate(model, prompt, max_new_tokens=12).tokens
     before = _templates()
     compiled = specdec.generate(model, prompt, max_new_tokens=12, compile=True).tokens
@@ -41,17 +49,16 @@ def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decodin
     assert spec == eager
 
 
-def test_a_packed_graph_serves_only_the_modules_it_was_compiled_with_and_no_copy(packed):
-    first, second = (tiny_model("llama", dtype=torch.float32, seed=seed, layers=1) for seed in (4, 5))
-    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [6, 6, 0, 2, 9]]  # one prefill shape: one graph per model
-    expected = [[specdec.generate(model, p, max_new_tokens=1).tokens for p in prompts] for model in (first, second)]
+def test_a_packed_graph_serves_only_the_modules_it_was_compiled_with_and_no_copy(packed, model):
+    other = tiny_model("llama", dtype=torch.float32, seed=4, layers=1)  # the same structure, other weights
+    expected = [specdec.generate(m, PROMPT, max_new_tokens=1).tokens for m in (model, other)]
     assert expected[0] != expected[1]  # the two models differ, so a shared graph would show
-    got = [[specdec.generate(model, p, max_new_tokens=1, compile=True).tokens for p in prompts]
-           for model in (first, second)]
+    got = [specdec.generate(m, PROMPT, max_new_tokens=1, compile=True).tokens for m in (model, other)]
     assert got == expected
-    held = vars(first)[engine.PACKED_ATTRIBUTE]
-    assert held and all(isinstance(step, engine._Packed) for step in held.values())
-    assert not vars(copy.deepcopy(first))[engine.PACKED_ATTRIBUTE]  # a copy starts without the graphs
+    for m in (model, other):
+        held = vars(m)[engine.PACKED_ATTRIBUTE]
+        assert held and all(isinstance(step, engine._Packed) for step in held.values())
+    assert not vars(copy.deepcopy(model))[engine.PACKED_ATTRIBUTE]  # a copy starts without the graphs
 
 
 def test_packing_is_decided_by_size_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch):
@@ -61,6 +68,9 @@ def test_packing_is_decided_by_size_unless_the_environment_says(monkeypatch: pyt
     monkeypatch.delenv(engine.PACKED_ENV, raising=False)
     assert not engine.packs_weights(cpu, (small,)) and engine.packs_weights(cpu, (big,))
     assert not engine.packs_weights(torch.device("meta"), (big,))
+    # a step packs by its owner's weights: a small head running a big LM head stays unpacked (shared graphs)
+    assert engine.Step(lambda owner, x: x, "a probe", True, big).packed
+    assert not engine.Step(lambda owner, head, x: head(x), "a probe", True, small, uses=(big,)).packed
     monkeypatch.setenv(engine.PACKED_ENV, "0")
     assert not engine.packs_weights(cpu, (big,))
     monkeypatch.setenv(engine.PACKED_ENV, "1")

@@ -17,9 +17,11 @@ or five; inductor's C++ GEMM template on weights frozen into the graph and packe
 micro-kernels (`freezing`, `max_autotune_gemm_backends="CPP"`) reads them at about two thirds
 (`docs/engine.md`, *Packed weights*). Such a graph holds the weights it was compiled with (a
 packed copy), so it is kept for those very modules, never shared with another instance, and a
-change to the weights after it compiled is not seen. Steps pack on CPU when the modules they run
-hold at least `PACKED_MIN_BYTES` of weights (smaller ones sit in the caches, where packing gains
-nothing and costs a longer compile), or as `PACKED_ENV` says: "1" always, "0" never.
+change to the weights after it compiled is not seen. Steps pack on CPU when the module a step
+runs (its owner: a target, a draft model) holds at least `PACKED_MIN_BYTES` of weights (smaller
+ones sit in the caches, where packing gains nothing and costs a longer compile), or as
+`PACKED_ENV` says: "1" always, "0" never. A packed step binds the other modules it runs (a
+target's LM head in a drafter's loop) as well.
 
 A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
 then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
@@ -81,7 +83,6 @@ class _Packed:
     def __init__(self, fn: Callable[..., Any], owner: nn.Module, uses: tuple[nn.Module, ...],
                  options: dict[str, Any]) -> None:
         self.fn, self.uses, self.options = fn, tuple(weakref.ref(module) for module in uses), options
-        self._owner = weakref.ref(owner)
         self._bound: dict[tuple[int, ...], Callable[..., Any]] = {}
 
     def holds(self, uses: tuple[nn.Module, ...]) -> bool:
@@ -224,7 +225,9 @@ class Step:
                 dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4096)
             slot = (name, fn.__module__, fn.__qualname__, None if first is None else first.dtype, device,
                     structure(owner), tuple(structure(module) for module in uses))
-            self.packed = packs_weights(device, (owner, *uses))
+            # by the owner's own weights: a drafter head that also runs the target's LM head stays
+            # unpacked, so a drafter made per request shares its graphs with the last one
+            self.packed = packs_weights(device, (owner,))
             if self.packed:  # the graph holds these modules' weights: kept for them alone
                 kept = vars(owner).get(PACKED_ATTRIBUTE)
                 if kept is None:
