@@ -84,14 +84,17 @@ class _Packed:
                  options: dict[str, Any]) -> None:
         self.fn, self.uses, self.options = fn, tuple(weakref.ref(module) for module in uses), options
         self._bound: dict[tuple[int, ...], Callable[..., Any]] = {}
+        self._modules: dict[tuple[int, ...], list[tuple[int, nn.Module]]] = {}  # what each compiled function binds
 
     def holds(self, uses: tuple[nn.Module, ...]) -> bool:
         return len(uses) == len(self.uses) and all(ref() is module for ref, module in zip(self.uses, uses))
 
     def __call__(self, owner: nn.Module, *args: Any) -> Any:
         places = tuple(i for i, arg in enumerate(args) if isinstance(arg, nn.Module))
-        if places not in self._bound:
+        known = self._modules.get(places)
+        if known is None or any(args[i] is not module for i, module in known):
             fn, modules = self.fn, [(i, args[i]) for i in places]
+            self._modules[places] = modules
 
             def bound(*rest: Any) -> Any:
                 merged = list(rest)
@@ -103,7 +106,7 @@ class _Packed:
                                                 **_recompile_limits())
         import torch._inductor.config as inductor_config
 
-        with inductor_config.patch(freezing=True):  # read where `options` do not reach: set for each call (it may compile)
+        with inductor_config.patch(freezing=True):  # `options` do not reach it: set for every call (it may compile)
             return self._bound[places](*(arg for i, arg in enumerate(args) if i not in places))
 
 

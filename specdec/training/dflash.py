@@ -188,7 +188,8 @@ class DFlashStudent:
         if not ids or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers for i in ids):
             raise ValueError(f"dflash: target layer ids {ids} are not layers of {name} (0..{num_layers - 1})")
         torch.manual_seed(seed)
-        spec = DFlashSpec(dflash_layer_config(config, hidden, rows, layers, heads), block_size, mask_token_id, ids, num_layers)
+        layer = dflash_layer_config(config, hidden, rows, layers, heads)
+        spec = DFlashSpec(layer, block_size, mask_token_id, ids, num_layers)
         head = DFlashHead(spec)
         with torch.no_grad():
             for parameter in head.parameters():
