@@ -19,7 +19,7 @@ from pathlib import Path
 
 import specdec
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
-from specdec.runtime.engine import PACKED_ENV
+from specdec.runtime.packed import PACKED_ENV
 
 PROMPT = "Write a Python function that parses a CSV file and returns a list of dicts."
 

@@ -1,4 +1,4 @@
-"""Packed weights on the CPU engine (`specdec.runtime.engine`, docs/engine.md *Packed weights*): a
+"""Packed weights on the CPU engine (`specdec.runtime.packed`, docs/engine.md *Packed weights*): a
 step whose weights are frozen into its graph and multiplied by inductor's C++ GEMM template. The
 tests force packing on tiny models (`PACKED_ENV`) and check that the template ran, that the tokens
 are those of eager decoding, and that a packed graph serves only the modules it was compiled with."""
@@ -13,6 +13,7 @@ from tiny import tiny_model
 
 import specdec
 from specdec.runtime import engine
+from specdec.runtime import packed as packing
 
 pytestmark = pytest.mark.usefixtures("strict_compile")
 
@@ -28,7 +29,7 @@ PROMPT = [5, 9, 2, 7]
 
 @pytest.fixture
 def packed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(engine.PACKED_ENV, "1")
+    monkeypatch.setenv(packing.PACKED_ENV, "1")
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +57,26 @@ def test_a_packed_graph_serves_only_the_modules_it_was_compiled_with_and_no_copy
     got = [specdec.generate(m, PROMPT, max_new_tokens=1, compile=True).tokens for m in (model, other)]
     assert got == expected
     for m in (model, other):
-        held = vars(m)[engine.PACKED_ATTRIBUTE]
-        assert held and all(isinstance(step, engine._Packed) for step in held.values())
-    assert not vars(copy.deepcopy(model))[engine.PACKED_ATTRIBUTE]  # a copy starts without the graphs
+        held = vars(m)[packing.PACKED_ATTRIBUTE]
+        assert held and all(isinstance(step, packing._Packed) for step in held.values())
+    assert not vars(copy.deepcopy(model))[packing.PACKED_ATTRIBUTE]  # a copy starts without the graphs
 
 
 def test_packing_is_decided_by_size_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch):
     small = torch.nn.Linear(8, 8)
-    big = torch.nn.Linear(4096, 4096 + engine.PACKED_MIN_BYTES // (4 * 4096))  # just past the threshold in float32
+    big = torch.nn.Linear(4096, 4096 + packing.PACKED_MIN_BYTES // (4 * 4096))  # just past the threshold in float32
     cpu = torch.device("cpu")
-    monkeypatch.delenv(engine.PACKED_ENV, raising=False)
-    assert not engine.packs_weights(cpu, (small,)) and engine.packs_weights(cpu, (big,))
-    assert not engine.packs_weights(torch.device("meta"), (big,))
+    monkeypatch.delenv(packing.PACKED_ENV, raising=False)
+    assert not packing.packs_weights(cpu, (small,)) and packing.packs_weights(cpu, (big,))
+    assert not packing.packs_weights(torch.device("meta"), (big,))
     # a step packs by its owner's weights: a small head running a big LM head stays unpacked (shared graphs)
     assert engine.Step(lambda owner, x: x, "a probe", True, big).packed
     assert not engine.Step(lambda owner, head, x: head(x), "a probe", True, small, uses=(big,)).packed
-    monkeypatch.setenv(engine.PACKED_ENV, "0")
-    assert not engine.packs_weights(cpu, (big,))
-    monkeypatch.setenv(engine.PACKED_ENV, "1")
-    assert engine.packs_weights(cpu, (small,))
-    monkeypatch.setenv(engine.PACKED_ENV, "yes")
+    monkeypatch.setenv(packing.PACKED_ENV, "0")
+    assert not packing.packs_weights(cpu, (big,))
+    monkeypatch.setenv(packing.PACKED_ENV, "1")
+    assert packing.packs_weights(cpu, (small,))
+    monkeypatch.setenv(packing.PACKED_ENV, "yes")
     with pytest.raises(ValueError, match=r"SPECDEC_PACKED_WEIGHTS='yes'.*1.*0.*unset"):
-        engine.packs_weights(cpu, (small,))
+        packing.packs_weights(cpu, (small,))
 

@@ -10,18 +10,8 @@ structure of the modules they run (`structure`), not by the modules themselves: 
 graph inputs, so a later call with the same shapes reuses them, on the same model or drafter
 or on a fresh instance of the same structure (a drafter made per request).
 
-Packed weights (CPU). A decode step of a model whose weights do not fit the caches reads every
-weight once per step, so its speed is the speed at which its matrix products stream weights.
-torch's default float32 product reads them at about a third of the machine's bandwidth, one row
-or five; inductor's C++ GEMM template on weights frozen into the graph and packed for its
-micro-kernels (`freezing`, `max_autotune_gemm_backends="CPP"`) reads them at about two thirds
-(`docs/engine.md`, *Packed weights*). Such a graph holds the weights it was compiled with (a
-packed copy), so it is kept for those very modules, never shared with another instance, and a
-change to the weights after it compiled is not seen. Steps pack on CPU when the module a step
-runs (its owner: a target, a draft model) holds at least `PACKED_MIN_BYTES` of weights (smaller
-ones sit in the caches, where packing gains nothing and costs a longer compile), or as
-`PACKED_ENV` says: "1" always, "0" never. A packed step binds the other modules it runs (a
-target's LM head in a drafter's loop) as well.
+On CPU a step of a model too big for the caches compiles with packed weights
+(`specdec.runtime.packed`): its graphs hold that model's weights and are kept on it alone.
 
 A step that dynamo or inductor cannot compile warns, naming the reason, and runs eagerly from
 then on: the call that failed is run eagerly (a compilation fails before the graph runs, so
@@ -49,65 +39,16 @@ import torch
 from torch import nn
 
 from specdec.runtime.cache import set_static_length
+from specdec.runtime.packed import PACKED_ATTRIBUTE, packed_step, packs_weights
 
-__all__ = ["PACKED_ENV", "PACKED_MIN_BYTES", "STRICT_ENV", "CompileFallbackWarning", "Step", "compile_failures",
-           "compile_seconds", "fed_step", "packs_weights", "step_for", "structure"]
+__all__ = ["STRICT_ENV", "CompileFallbackWarning", "Step", "compile_failures", "compile_seconds", "fed_step",
+           "step_for", "structure"]
 
 RECOMPILE_LIMIT = 64  # graphs per step of one module: its input shapes
 STRICT_ENV = "SPECDEC_STRICT_COMPILE"  # "1": a step that cannot compile raises CompileFallbackWarning
 _FAILED: dict[tuple[Any, ...], str] = {}  # (step name, owner class) -> why it did not compile
 _COMPILED: dict[tuple[Any, ...], Callable[..., Any]] = {}  # compiled steps, by function and structure
 _STRUCTURES: weakref.WeakKeyDictionary[nn.Module, tuple[Any, ...]] = weakref.WeakKeyDictionary()
-PACKED_ENV = "SPECDEC_PACKED_WEIGHTS"  # "1": CPU steps always pack their weights, "0": never, unset: by size
-PACKED_MIN_BYTES = 64 * 2**20  # a step's weights from which it packs them (past a server CPU's last-level cache)
-PACKED_ATTRIBUTE = "_specdec_packed_steps"  # an owner's packed graphs, held by the owner itself (see `_Packed`)
-
-
-class _PackedSteps(dict):  # type: ignore[type-arg]
-    """An owner's packed graphs: slot -> `_Packed`. Held as an attribute of the owner, so they live
-    and die with it (a graph's closure holds the owner: the cycle is the collector's); a copy or a
-    pickle of the owner starts without them."""
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedSteps:
-        return _PackedSteps()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_PackedSteps, ())
-
-
-class _Packed:
-    """`fn(owner, *args)` compiled with packed weights: the modules are bound into the traced
-    function (so inductor's freezing sees their weights as constants), the other arguments are its
-    inputs; one compiled function per place of the module arguments among them."""
-
-    def __init__(self, fn: Callable[..., Any], owner: nn.Module, uses: tuple[nn.Module, ...],
-                 options: dict[str, Any]) -> None:
-        self.fn, self.uses, self.options = fn, tuple(weakref.ref(module) for module in uses), options
-        self._bound: dict[tuple[int, ...], Callable[..., Any]] = {}
-        self._modules: dict[tuple[int, ...], list[tuple[int, nn.Module]]] = {}  # what each compiled function binds
-
-    def holds(self, uses: tuple[nn.Module, ...]) -> bool:
-        return len(uses) == len(self.uses) and all(ref() is module for ref, module in zip(self.uses, uses))
-
-    def __call__(self, owner: nn.Module, *args: Any) -> Any:
-        places = tuple(i for i, arg in enumerate(args) if isinstance(arg, nn.Module))
-        known = self._modules.get(places)
-        if known is None or any(args[i] is not module for i, module in known):
-            fn, modules = self.fn, [(i, args[i]) for i in places]
-            self._modules[places] = modules
-
-            def bound(*rest: Any) -> Any:
-                merged = list(rest)
-                for index, module in modules:
-                    merged.insert(index, module)
-                return fn(owner, *merged)
-
-            self._bound[places] = torch.compile(bound, fullgraph=True, dynamic=False, options=self.options,
-                                                **_recompile_limits())
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(freezing=True):  # `options` do not reach it: set for every call (it may compile)
-            return self._bound[places](*(arg for i, arg in enumerate(args) if i not in places))
 
 
 class CompileFallbackWarning(UserWarning):
@@ -151,42 +92,19 @@ def compile_failures() -> dict[tuple[Any, ...], str]:
     return dict(_FAILED)
 
 
-def packs_weights(device: torch.device, modules: tuple[nn.Module, ...]) -> bool:
-    """Whether a step running `modules` on `device` compiles with packed weights (see the module
-    docstring): on CPU, as PACKED_ENV says, else when they hold at least PACKED_MIN_BYTES."""
-    if device.type != "cpu":
-        return False
-    setting = os.environ.get(PACKED_ENV, "")
-    if setting not in ("", "0", "1"):
-        raise ValueError(f"{PACKED_ENV}={setting!r}: set it to 1 (pack every CPU step's weights), 0 (never) or "
-                         "leave it unset (pack the steps of models of at least "
-                         f"{PACKED_MIN_BYTES // 2**20} MiB)")
-    if setting:
-        return setting == "1"
-    seen: set[int] = set()
-    total = 0
-    for module in modules:
-        for parameter in module.parameters():
-            if id(parameter) not in seen:
-                seen.add(id(parameter))
-                total += parameter.numel() * parameter.element_size()
-    return total >= PACKED_MIN_BYTES
-
-
 def _options(device: torch.device, packed: bool = False) -> dict[str, Any]:
     """Inductor's options for a step: CUDA graphs on CUDA; on CPU the C++ wrapper (less Python per
     call), built apart from the kernels so the wrapper compiles at -O1 (a 32-layer target's graph
     compiles in a third of the time and runs as fast); and no guards on module attributes (see
-    `Step`), which cost a tenth of a small step. `packed`: the weights frozen into the graph and
-    every matrix product through inductor's C++ GEMM template (its only backend, so nothing is
-    autotuned: the template is what reads the weights fastest)."""
+    `Step`), which cost a tenth of a small step. `packed`: every matrix product through inductor's
+    C++ GEMM template, its only backend (`specdec.runtime.packed`)."""
     options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if device.type == "cuda":
         options["triton.cudagraphs"] = True
     else:
         options.update({"cpp_wrapper": True, "cpp_wrapper_build_separate": True})
     if packed:
-        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})  # freezing: `_Packed`
+        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})  # freezing: `packed_step`
     return options
 
 
@@ -202,9 +120,9 @@ class Step:
     module attributes (checking those costs more than a small model's step), which is sound
     because the structure holds everything a graph reads from a module but its tensors' values,
     and those are graph inputs. The modules' weights may change in place; their configuration
-    must not once they have compiled. A step with packed weights (`packed`, CPU, see the module
-    docstring) is the exception: its graphs hold the weights of `owner` and `uses` as they were
-    when they compiled, and are kept for those modules alone.
+    must not once they have compiled. A step with packed weights (`packed`, CPU,
+    `specdec.runtime.packed`) is the exception: its graphs hold the weights of the modules it runs
+    as they were when they compiled, and are kept on its owner alone.
 
     `restore`, when given, puts back whatever state a failed compiled call may have touched
     before the call is run eagerly (a cache's length).
@@ -232,14 +150,7 @@ class Step:
             # unpacked, so a drafter made per request shares its graphs with the last one
             self.packed = packs_weights(device, (owner,))
             if self.packed:  # the graph holds these modules' weights: kept for them alone
-                kept = vars(owner).get(PACKED_ATTRIBUTE)
-                if kept is None:
-                    kept = _PackedSteps()
-                    object.__setattr__(owner, PACKED_ATTRIBUTE, kept)
-                held = kept.get(slot)
-                if held is None or not held.holds(uses):
-                    held = kept[slot] = _Packed(fn, owner, uses, _options(device, True))
-                self._compiled = held
+                self._compiled = packed_step(owner, slot, fn, _options(device, True), _recompile_limits())
             else:
                 if slot not in _COMPILED:
                     _COMPILED[slot] = torch.compile(fn, fullgraph=True, dynamic=False, options=_options(device),
