@@ -9,6 +9,7 @@ from specdec.decoding.generate import generate, generate_batch
 from specdec.hookspecs import hookimpl
 from specdec.plugins import drafter_names, make_drafter
 from specdec.protocols import Capability, DraftContext, Drafter
+from specdec.runtime.quantize import quantize
 from specdec.runtime.target import CausalLM
 from specdec.sampling import probabilities
 from specdec.types import BatchGenerations, Draft, ExtraRows, Generation, Sampling, Stats, Verdict
@@ -34,4 +35,5 @@ __all__ = [
     "hookimpl",
     "make_drafter",
     "probabilities",
+    "quantize",
 ]

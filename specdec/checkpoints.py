@@ -153,11 +153,22 @@ def _checked(path: str | Path, what: str) -> Path:
     return directory
 
 
-def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int = 1) -> PreTrainedModel:
+def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, tp: int = 1,
+                   quantize: str | None = None) -> PreTrainedModel:
     """The causal LM at `path` (a directory, a GGUF file or a hub id: `resolve_checkpoint`), in eval
     mode; `tp` > 1 shards it over that many processes under torchrun, after the checks of
     `specdec.distributed.sharding.check_tensor_parallel` (which fail before any weight is read).
-    A GGUF file's weights are dequantised to `dtype` (float32 when None) and cannot be sharded."""
+    A GGUF file's weights are dequantised to `dtype` (float32 when None) and cannot be sharded.
+    `quantize` ("int8") quantizes its linear layers once loaded (`specdec.quantize`)."""
+    if quantize is not None:
+        from specdec.runtime.quantize import SCHEMES, quantize as quantized
+
+        if quantize not in SCHEMES:  # before any weight is read
+            raise ValueError(f"quantize={quantize!r} is not a known scheme; choose one of {', '.join(SCHEMES)}")
+        if tp != 1:
+            raise ValueError(f"quantize={quantize!r} with tp={tp}: a sharded model's weights are split tensors "
+                             "that specdec does not quantize; load it with tp=1 or without quantize")
+        return quantized(load_causal_lm(path, dtype, tp), quantize)  # type: ignore[return-value]
     located = resolve_checkpoint(path, "model")
     if is_gguf(located):
         if tp != 1:

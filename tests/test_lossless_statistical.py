@@ -52,7 +52,7 @@ def other_model() -> PreTrainedModel:
 
 def exact_distribution(model: PreTrainedModel, prompt: list[int], sampling: Sampling) -> np.ndarray:
     """P(x1, x2, x3 | prompt) under plain sampling, flattened [V**3] (index x1*V*V + x2*V + x3)."""
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = int(model.config.vocab_size)
     pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V*V, 2)
     ids = torch.cat([torch.tensor(prompt).expand(vocab * vocab, -1), pairs], dim=1)  # (V*V, T+2)
     with torch.inference_mode():

@@ -34,11 +34,15 @@ __all__ = ["DraftModelDrafter", "DraftModelRow"]
 GREEDY = Sampling()  # SLEM's drafts: the draft model's argmax
 
 
-def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTrainedModel:
+def _load(model: PreTrainedModel | str | Path, shard: bool = False, quantize: str | None = None) -> PreTrainedModel:
     if isinstance(model, PreTrainedModel):
         if shard:
             raise ValueError("draft-model: shard=true loads the model from its directory; pass a path, or a model "
                              "already loaded with tensor parallelism and shard=false")
+        if quantize is not None:
+            raise ValueError(f"draft-model: quantize={quantize!r} quantizes a model loaded from its directory, and "
+                             "a model passed in is not modified; pass a path, or quantize it first with "
+                             "specdec.quantize(model)")
         return model
     if isinstance(model, (str, Path)):
         from specdec.checkpoints import is_gguf, load_causal_lm, resolve_checkpoint
@@ -50,7 +54,7 @@ def _load(model: PreTrainedModel | str | Path, shard: bool = False) -> PreTraine
         if shard and not in_process_group():
             raise ValueError("draft-model: shard=true shards the draft model like the target, over the processes "
                              "of a torchrun launch; there is none (launch with torchrun, or drop shard=true)")
-        return load_causal_lm(path, tp=world_size() if shard else 1)
+        return load_causal_lm(path, tp=world_size() if shard else 1, quantize=quantize)
     raise TypeError(f"draft-model: model= must be a transformers causal LM, a directory, a GGUF file or a hub id, "
                     f"got {model!r}")
 
@@ -114,7 +118,10 @@ class DraftModelDrafter(DraftsThroughForms):
     no text token). It needs both tokenizers: the target's from
     `specdec.generate(tokenizer=)` (the CLI and the bench pass it), the draft model's as
     `tokenizer=` (an object, a directory or a hub id), else the one saved beside a model loaded
-    from a directory. Neither model nor tokenizer is modified. With the same tokenizer (or
+    from a directory. Neither model nor tokenizer is modified.
+
+    quantize="int8" quantizes a model loaded here from its directory (`specdec.quantize`; a model
+    passed in is quantized by its owner). With the same tokenizer (or
     without tokenizers and an equal number of output rows) it drafts on the target's ids.
     """
 
@@ -126,7 +133,7 @@ class DraftModelDrafter(DraftsThroughForms):
     def __init__(self, model: PreTrainedModel | str | Path, tree: bool = False, top_k: int = 4,
                  total_tokens: int = 16, depth: int | None = None, value_temperature: float = 1.0,
                  shard: bool = False, sample: bool = True, siblings: str = "without_replacement",
-                 translate: str = "auto", tokenizer: Any = None) -> None:
+                 translate: str = "auto", tokenizer: Any = None, quantize: str | None = None) -> None:
         self.tree = tree_settings("draft-model", tree, top_k, total_tokens, depth, value_temperature, siblings)
         if not isinstance(sample, bool):
             raise ValueError(f"draft-model: sample must be true or false, got {sample!r}")
@@ -134,7 +141,8 @@ class DraftModelDrafter(DraftsThroughForms):
             raise ValueError(f"draft-model: translate must be one of {', '.join(TRANSLATIONS)}, got {translate!r}")
         self.sample = sample
         self.translate = translate
-        self.lm = CausalLM(_load(model, bool(shard)), role="draft model")  # the model as loaded (checks, batches)
+        # the model as loaded (checks, batches)
+        self.lm = CausalLM(_load(model, bool(shard), quantize), role="draft model")
         self._owns_model = not isinstance(model, PreTrainedModel)  # loaded here: follow the target
         self.draft_tokenizer = load_draft_tokenizer(tokenizer, model)  # None when unknown
         self._bridges: dict[tuple[int, str, str], Translation | None] = {}  # (target tokenizer, mode, device)

@@ -109,13 +109,15 @@ def prepared_datastore(target: Path, cache: Path | None = None, log: Callable[[s
     return out
 
 
-def drafter_specs(datastore: Path, trained: Path | None) -> list[str]:
-    """`--drafter` specs: the training-free drafters, then each trained drafter `trained` holds."""
+def drafter_specs(datastore: Path, trained: Path | None, quantize: str | None = None) -> list[str]:
+    """`--drafter` specs: the training-free drafters, then each trained drafter `trained` holds
+    (a draft model quantized like the target when `quantize` is given)."""
     specs = [*FREE_DRAFTERS, f"retrieval:datastore={datastore}"]
     if trained is not None:
         for name, option in TRAINED.items():
             if (trained / name).is_dir():
-                specs.append(f"{name}:{option}={trained / name}")
+                own = f",quantize={quantize}" if quantize and name == "draft-model" else ""
+                specs.append(f"{name}:{option}={trained / name}{own}")
     return specs
 
 

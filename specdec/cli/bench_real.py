@@ -12,6 +12,7 @@ from typing import Any
 from specdec.cli.bench import add_bench_command
 from specdec.cli.common import CLIError
 from specdec.errors import one_line
+from specdec.runtime.quantize import SCHEMES
 
 __all__ = ["add_bench_real_command"]
 
@@ -39,7 +40,8 @@ def _bench_real(args: argparse.Namespace) -> int:
         code = _bench(["--target", str(target), "--prompts", str(real.QUESTIONS), "--engine", "compiled",
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
                        "--temperature", str(temperature), "--device", args.device, "--out", str(folder),
-                       *[f"--drafter={spec}" for spec in real.drafter_specs(datastore, args.drafters)]])
+                       *(["--quantize", args.quantize] if args.quantize else []),
+                       *[f"--drafter={spec}" for spec in real.drafter_specs(datastore, args.drafters, args.quantize)]])
         if code != 0:
             return code
         runs.append((temperature, folder))
@@ -64,4 +66,6 @@ def add_bench_real_command(commands: Any) -> None:
     command.add_argument("--repeats", type=int, default=2, help="recorded rounds after a warm-up (default 2)")
     command.add_argument("--temperatures", type=float, nargs="+", default=list(TEMPERATURES), metavar="T")
     command.add_argument("--device", default="cpu")
+    command.add_argument("--quantize", choices=SCHEMES, default=None,
+                         help="quantize the target (int8 weights, bfloat16 activations; specdec.quantize)")
     command.set_defaults(run=_bench_real)

@@ -13,6 +13,7 @@ from typing import Any
 
 from specdec import plugins
 from specdec.errors import one_line
+from specdec.runtime.quantize import SCHEMES
 from specdec.types import Stats
 
 __all__ = ["DTYPES", "CLIError", "add_model_options", "drafter_from_spec", "load_target", "model_device",
@@ -34,6 +35,10 @@ def add_model_options(parser: argparse.ArgumentParser, compile: bool = True) -> 
     if compile:
         parser.add_argument("--compile", action="store_true",
                             help="compile the fixed-shape steps (torch.compile; CUDA graphs on CUDA)")
+    parser.add_argument("--quantize", choices=SCHEMES, default=None,
+                        help="quantize the target's linear layers once loaded: int8 weights with a scale per output "
+                             "channel, bfloat16 activations (specdec.quantize; exact under speculation). A drafter "
+                             "with a model of its own takes quantize=int8 in its spec")
     parser.add_argument("--tp", type=int, default=1, metavar="N",
                         help="shard the target over N processes with tensor parallelism; launch with "
                              "torchrun --nproc_per_node N -m specdec ... (default 1: one process)")
@@ -94,7 +99,7 @@ def load_target(name: str | Path, args: argparse.Namespace) -> tuple[Any, Any]:
         os.environ[CHECK_VARIABLE] = "1"
     try:  # a --tp the model or the launch cannot take fails in load_causal_lm, before any weight is read
         tokenizer = load_tokenizer(path)
-        model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp)
+        model = load_causal_lm(path, dtype=getattr(torch, args.dtype), tp=tp, quantize=getattr(args, "quantize", None))
     except (OSError, ValueError, KeyError, ImportError) as error:
         raise CLIError(f"cannot load --target {str(name)!r}: {one_line(error)}") from None
     if tp != 1:  # transformers placed each shard on this rank's device

@@ -14,7 +14,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
-__all__ = ["LAST_LAYER", "compilable_experts", "final_norm", "head_weight", "is_pipelined", "model_forward",
+__all__ = ["LAST_LAYER", "compilable_experts", "final_norm", "float_parameter", "head_shape", "is_pipelined",
+           "model_forward",
            "prepare_for_compile"]
 
 LAST_LAYER = -1  # the `hidden_states` index of the post-norm last layer, whatever the model counts
@@ -105,10 +106,26 @@ def _runs_eager_experts(model: PreTrainedModel) -> bool:
     return model.get_experts_implementation().get("") == "eager"
 
 
-def head_weight(model: PreTrainedModel) -> torch.Tensor | None:
-    """The LM head's weight (V, H); None on a pipeline stage that holds no LM head."""
-    weight = getattr(model.get_output_embeddings(), "weight", None)
-    return weight if isinstance(weight, torch.Tensor) else None
+def head_shape(model: PreTrainedModel) -> tuple[int, int] | None:
+    """The LM head's (V, H): its weight's shape, or a quantized head's (`specdec.runtime.quantize`)
+    features; None on a pipeline stage that holds no LM head."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0]), int(weight.shape[1])
+    if isinstance(getattr(head, "out_features", None), int) and isinstance(getattr(head, "in_features", None), int):
+        return int(head.out_features), int(head.in_features)  # type: ignore[union-attr]
+    return None
+
+
+def float_parameter(model: nn.Module) -> torch.Tensor:
+    """A floating-point parameter of `model` (the input embedding's when it has one): the device and
+    dtype its forward computes in, which a quantized model's int8 weights do not tell."""
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    weight = getattr(embed, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.is_floating_point():
+        return weight
+    return next((p for p in model.parameters() if p.is_floating_point()), next(model.parameters()))
 
 
 def final_norm(model: PreTrainedModel) -> nn.Module | None:

@@ -23,7 +23,7 @@ from specdec.distributed.ranks import Ranks, model_ranks
 from specdec.runtime.cache import KV, check_transformers, has_recurrent_state, new_cache
 from specdec.runtime.engine import Step, fed_step, step_for
 from specdec.runtime.linear import CHAIN, TreeLayout, tree_layout
-from specdec.runtime.forward import (LAST_LAYER, final_norm, head_weight, is_pipelined, model_forward,
+from specdec.runtime.forward import (LAST_LAYER, final_norm, float_parameter, head_shape, is_pipelined, model_forward,
                                      prepare_for_compile)
 from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppable_layers
 from specdec.runtime.replay import Replay
@@ -69,9 +69,9 @@ class CausalLM:
             )
         self.model = model
         self.config = model.config.get_text_config()
-        head = head_weight(model)  # (V, H); None on a pipeline stage that holds no LM head
-        anchor = head if head is not None else next(model.parameters())
-        self.vocab_size: int = int(head.shape[0]) if head is not None else int(self.config.vocab_size)
+        head = head_shape(model)  # (V, H); None on a pipeline stage that holds no LM head
+        anchor = float_parameter(model)
+        self.vocab_size: int = head[0] if head is not None else int(self.config.vocab_size)
         self.device: torch.device = anchor.device
         self.dtype: torch.dtype = anchor.dtype
         positions = getattr(self.config, "max_position_embeddings", None) or getattr(
@@ -82,7 +82,7 @@ class CausalLM:
         self.learned_positions: bool = not any(
             getattr(self.config, name, None) for name in ("rope_parameters", "rope_theta", "rope_scaling")
         )
-        self.hidden_size: int = int(head.shape[1]) if head is not None else int(self.config.hidden_size)
+        self.hidden_size: int = head[1] if head is not None else int(self.config.hidden_size)
         self.num_layers: int = int(self.config.num_hidden_layers)  # hidden-state indices run 0..num_layers
         self.static_obstacle: str | None = static_obstacle(model)  # why the cache cannot be static (None: it can)
         # whether eager decoding keeps the static cache too (`Engine.cache_capacity`): linear-attention
