@@ -243,6 +243,9 @@ class Draft:
             draft that carries them is verified as a tree (a chain as a chain-shaped tree).
     forwards: how many forwards of the drafter made this draft, where it says (a block drafter:
             1 whatever the draft's length); None when it does not. Traces show it.
+    note:   why the drafter drafted what it did, where it says (`num_draft_tokens="auto"`'s
+            decision to draft or not, `specdec.decoding.auto_draft`); traces and `specdec play`
+            show it.
     """
 
     tokens: torch.Tensor
@@ -251,6 +254,7 @@ class Draft:
     extra: ExtraRows | None = None
     siblings: str | None = None
     forwards: int | None = None
+    note: str | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -79,7 +79,14 @@ def test_bench_batch_writes_the_curve(tmp_path, capsys):
     assert {r["batch"] for r in document["records"]} == {1, 2}
     assert "stops paying at" in printed and (out / "plots" / "batch_speedup.png").is_file()
     assert main(["bench", "--target", str(model_dir), "--batch", "2", "--k", "2", "4", "--no-progress"]) == 2
-    assert "one int --k" in capsys.readouterr().err
+    assert "give one --k (an int or auto)" in capsys.readouterr().err
+    auto = tmp_path / "auto"  # num_draft_tokens="auto" at every batch size
+    assert main(["bench", "--target", str(model_dir), "--batch", "1", "2", "--drafter", "ngram", "--k", "auto",
+                 "--max-new-tokens", "6", "--repeats", "1", "--warmup", "0", "--no-progress", "--no-peers",
+                 "--engine", "eager", "--prompts", str(_questions(tmp_path)), "--out", str(auto)]) == 0
+    records = json.loads((auto / "batch.json").read_text())["records"]
+    assert {r["contender"] for r in records} == {"plain", "ngram:k=auto"}
+    assert all(r["same_as_plain"] for r in records if r["contender"] != "plain")
 
 
 def test_generate_prompts_decodes_every_line_in_one_batch(tmp_path, capsys):

@@ -51,6 +51,7 @@ def _refused(body: bytes, kind: type = RunRequest, limits: Limits = Limits()) ->
     (b'{"prompt": "x", "k": 0}', 400, "k must be in [1, 16], got 0"),
     (b'{"prompt": "x", "k": 17}', 400, "k must be in [1, 16], got 17"),
     (b'{"prompt": "x", "shape": "star"}', 400, "shape must be one of chain, tree, got 'star'"),
+    (b'{"prompt": "x", "draft_length": "short"}', 400, "draft_length must be one of fixed, auto, got 'short'"),
     (b'{"prompt": "x", "temperature": -1}', 400, "temperature must be in [0, 10]"),
     (b'{"prompt": "x", "top_p": 0}', 400, "top_p must be in (0, 1]"),
     (b'{"prompt": "x", "max_new_tokens": 100000}', 413, "over this page's budget of 256"),
@@ -141,6 +142,19 @@ def test_a_run_is_specdec_generate_step_for_step(playground: Playground, quick_z
     assert summary["plain_forwards"] == len(result.tokens)
     assert summary["forwards_saved"] == len(result.tokens) - result.stats.steps
     assert 0 < summary["draft_tax"] < 1 and summary["speedup"] > 0
+
+
+def test_an_auto_draft_length_run_shows_each_steps_decision(playground: Playground) -> None:
+    """draft_length "auto" (`specdec.decoding.auto_draft`): every step but a last one at the budget
+    carries the drafter's decision, and the tokens are the fixed-k run's (greedy)."""
+    app = create_app(playground, allowed_hosts=LOOPBACK_NAMES)
+    runs = [call_app(app, "POST", "/api/run", {"prompt": PROMPT, "drafter": "ngram", "k": 3, "max_new_tokens": 16,
+                                                "draft_length": length}) for length in ("auto", "fixed")]
+    assert [status for status, _ in runs] == [200, 200]
+    auto, fixed = (answer for _, answer in runs)
+    assert [t["text"] for s in auto["steps"] for t in s["tokens"] if t["kind"] != "rejected"] == \
+        [t["text"] for s in fixed["steps"] for t in s["tokens"] if t["kind"] != "rejected"]
+    assert all(step["note"] for step in auto["steps"][:-1]) and not any(step["note"] for step in fixed["steps"])
 
 
 def test_a_sampled_chain_step_carries_both_rules_verdicts_to_the_page(playground: Playground) -> None:

@@ -78,7 +78,7 @@ def run_curve(model: PreTrainedModel, prompts: Sequence[list[int]], config: Batc
                 drafter = drafters.get(contender.label)
                 forget(drafter)
                 before = compile_seconds()
-                result = generate_batch(model, rows, drafter=drafter, num_draft_tokens=int(contender.k or 0),
+                result = generate_batch(model, rows, drafter=drafter, num_draft_tokens=contender.k if contender.k == "auto" else int(contender.k or 0),
                                         max_new_tokens=config.max_new_tokens, sampling=config.sampling,
                                         seed=config.seed + repeat, compile=contender.compile,
                                         tokenizer=tokenizer, verify_rule=contender.verify_rule)

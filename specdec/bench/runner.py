@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from specdec.bench.peers import hf_generate
 from specdec.bench.questions import Question
-from specdec.decoding.adaptive import AdaptiveDraftLength
+from specdec.decoding.auto_draft import AUTO_DRAFT_MAX, AutoDraft
 from specdec.decoding.generate import generate
 from specdec.plugins import make_drafter
 from specdec.protocols import forget
@@ -30,7 +30,7 @@ from specdec.verifier import DEFAULT_RULE
 
 __all__ = ["AUTO_MAX", "Contender", "Run", "repeat_rounds", "run_bench"]
 
-AUTO_MAX = 12  # the longest draft `k=auto` may grow to
+AUTO_MAX = AUTO_DRAFT_MAX  # the longest draft `k=auto` may grow to (`generate(num_draft_tokens="auto")`'s)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _drafter(contender: Contender) -> Any:
     """The contender's drafter, made once and reused for every run (its prefill resets it): a
     drafter's compiled steps stay with its modules, so every run after the first replays them."""
     drafter: Any = make_drafter(contender.drafter, **contender.options)  # type: ignore[arg-type]
-    return AdaptiveDraftLength(drafter) if contender.k == "auto" else drafter
+    return AutoDraft(drafter) if contender.k == "auto" else drafter
 
 
 def _specdec(target: CausalLM, prompt: torch.Tensor, contender: Contender, drafter: Any, max_new_tokens: int,

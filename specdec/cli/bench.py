@@ -160,10 +160,8 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
 
     if engine == "both":
         raise ValueError("--batch runs one engine: give --engine eager or --engine compiled")
-    if len(args.k) != 1 or not isinstance(args.k[0], int):
-        raise ValueError(f"--batch runs one draft length: give one int --k, got {' '.join(map(str, args.k))}")
-    if any("k" in options and options["k"] == "auto" for _, options in drafters):
-        raise ValueError("--batch does not run k=auto drafters")
+    if len(args.k) != 1:
+        raise ValueError(f"--batch runs one draft length: give one --k (an int or auto), got {' '.join(map(str, args.k))}")
     contenders = tuple(c for c in contenders_for(drafters, args.k, False, (engine,), tuple(args.verify_rule))
                        if c.peer is None)
     config = BatchCurveConfig(batches=tuple(args.batch), contenders=contenders, sampling=sampling,

@@ -149,7 +149,8 @@ def check(run: Run, proposed: object, k: int) -> Checked:
                                 "(each tree's first-child path)")
         nodes = first_path(parents)
         probs = None if proposed.probs is None else proposed.probs[nodes]
-        proposed, parents = Draft(proposed.tokens[nodes], probs, extra=proposed.extra, forwards=proposed.forwards), None
+        proposed, parents = Draft(proposed.tokens[nodes], probs, extra=proposed.extra, forwards=proposed.forwards,
+                                  note=proposed.note), None
     faults = draft_faults(proposed, vocab) if parents is None and proposed.tokens.numel() else None
     return Checked(proposed, parents, nodes, faults)
 

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdec.decoding.adaptive import AdaptiveDraftLength
+from specdec.decoding.auto_draft import AUTO_DRAFT_MAX, AutoDraft
 from specdec.decoding.counters import Counters
 from specdec.decoding.drafting import hidden_layers
 from specdec.decoding.loop import decode
@@ -33,7 +35,7 @@ def generate(
     target: PreTrainedModel | CausalLM,
     input_ids: Sequence[int] | torch.Tensor,
     drafter: Drafter | Any | str | None = None,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | str = 4,
     max_new_tokens: int = 128,
     sampling: Sampling = Sampling(),
     eos_token_id: int | Sequence[int] | None = None,
@@ -57,6 +59,9 @@ def generate(
     `grammar`); a constrained generation also ends at the grammar's stop ids (the tokenizer's EOS).
     `verify_rule` picks the verification rule (`specdec.verifier.rules`): "token", "block" or
     "traversal"; every rule is lossless, they differ in how many draft tokens they keep.
+    `num_draft_tokens="auto"` drafts only when it pays, from the step times measured on the engine
+    in use and the running acceptance, up to `AUTO_DRAFT_MAX` tokens and down to none
+    (`specdec.decoding.auto_draft`); each step's decision is in the trace.
     """
     lm = target if isinstance(target, CausalLM) else CausalLM(target, share_cache=True)
     prompt = _prompt(input_ids, lm, max_new_tokens)
@@ -68,7 +73,7 @@ def generate_batch(
     target: PreTrainedModel | CausalLM,
     prompts: Sequence[Sequence[int] | torch.Tensor],
     drafter: Drafter | Any | str | None = None,
-    num_draft_tokens: int = 4,
+    num_draft_tokens: int | str = 4,
     max_new_tokens: int = 128,
     sampling: Sampling = Sampling(),
     eos_token_id: int | Sequence[int] | None = None,
@@ -113,16 +118,20 @@ def generate_batch(
                      tokenizer, verify_rule, list(traces) if traces is not None else [None] * len(checked))
 
 
-def _generate(lm: CausalLM, prompts: list[torch.Tensor], drafter: Any, num_draft_tokens: int, max_new_tokens: int,
+def _generate(lm: CausalLM, prompts: list[torch.Tensor], drafter: Any, num_draft_tokens: int | str,
+              max_new_tokens: int,
               sampling: Sampling, eos_token_id: int | Sequence[int] | None, seed: int | None, compile: bool,
               tokenizer: Any, verify_rule: str, traces: list[Trace | None]) -> BatchGenerations:
     """Set up the run of `prompts` (checked, on the model's device) and decode it."""
     check_settings(sampling, num_draft_tokens, max_new_tokens, compile, seed)
     verify_rule = agreed_rule(lm, check_verify_rule(verify_rule))
-    resolved = resolve_drafter(drafter) if num_draft_tokens > 0 else None  # k = 0: plain decoding
+    limit = AUTO_DRAFT_MAX if num_draft_tokens == "auto" else int(num_draft_tokens)
+    resolved = resolve_drafter(drafter) if limit > 0 else None  # k = 0: plain decoding
+    if num_draft_tokens == "auto" and resolved is not None and not isinstance(resolved, AdaptiveDraftLength):
+        resolved = AutoDraft(resolved)  # drafts only when it pays (`specdec.decoding.auto_draft`)
     name = drafter_name(resolved)
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
-    k = num_draft_tokens if resolved is not None else 0
+    k = limit if resolved is not None else 0
     engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in prompts) + max_new_tokens, compile)
     if compile and lm.static_obstacle is not None:
         import warnings
@@ -140,7 +149,7 @@ def _generate(lm: CausalLM, prompts: list[torch.Tensor], drafter: Any, num_draft
             tokens[: prompt.shape[0]] = prompt
             generator = torch.Generator(device=lm.device)
             generator.manual_seed(base + i)
-            rows.append(Row(i, tokens, prompt.shape[0], generator, pipeline, Counters(num_draft_tokens), trace))
+            rows.append(Row(i, tokens, prompt.shape[0], generator, pipeline, Counters(limit), trace))
             if trace is not None:
                 trace.verify_rule = verify_rule  # what each step's tests mean (`specdec.teaching.trace_view`)
         if len(prompts) == 1:  # a batch of one: the adapter's own cache, rolled back by length
@@ -167,12 +176,13 @@ def make_pipeline(sampling: Sampling, vocab_size: int, prompt_length: int, token
     return Pipeline(sampling, vocab_size, prompt_length, matcher)
 
 
-def check_settings(sampling: Sampling, num_draft_tokens: int, max_new_tokens: int, compile: bool,
+def check_settings(sampling: Sampling, num_draft_tokens: int | str, max_new_tokens: int, compile: bool,
                    seed: int | None) -> None:
     """Raise naming the bad value among the settings `generate` and `generate_batch` share."""
     if not isinstance(sampling, Sampling):
         raise TypeError(f"sampling must be a specdec.Sampling, got {type(sampling).__name__}")
-    _check_count("num_draft_tokens", num_draft_tokens)
+    if num_draft_tokens != "auto":
+        _check_count("num_draft_tokens", num_draft_tokens, ' or "auto"')
     _check_count("max_new_tokens", max_new_tokens)
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")
@@ -226,9 +236,9 @@ def _extra_rows(drafter: Drafter | None, k: int) -> int:
     return rows
 
 
-def _check_count(field: str, value: object) -> None:
+def _check_count(field: str, value: object, other: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{field} must be an int >= 0, got {value!r}")
+        raise ValueError(f"{field} must be an int >= 0{other}, got {value!r}")
 
 
 def _prompt(input_ids: Sequence[int] | torch.Tensor, lm: CausalLM, max_new_tokens: int) -> torch.Tensor:

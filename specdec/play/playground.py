@@ -135,7 +135,8 @@ class Playground:
         prompt = self._encode(request.prompt, request.max_new_tokens)
         drafter = self._drafter(request.drafter, request.shape)
         trace = ComparingTrace()
-        result = self._generate(prompt, drafter, request.k, request.max_new_tokens, sampling, request.seed, trace)
+        result = self._generate(prompt, self._auto(drafter, request.draft_length), request.k, request.max_new_tokens,
+                                sampling, request.seed, trace)
         plain = self._plain_step_seconds(prompt, len(result.tokens), sampling, request.seed)
         steps, at = [], 0
         for step, comparison in zip(trace.steps, trace.comparisons):
@@ -172,7 +173,7 @@ class Playground:
                         for i, t in enumerate(step.drafted)],
             "tokens": [{"token": t.token, "text": self._decode([t.token]), "kind": t.kind, "p": t.p, "q": t.q,
                         "accept": t.accept, "uniform": t.uniform, "node": t.node} for t in step.tokens],
-            "emitted": step.emitted, "draft_forwards": step.draft_forwards, "draft_ms": 1e3 * step.draft_seconds, "verify_ms": 1e3 * step.verify_seconds,
+            "emitted": step.emitted, "draft_forwards": step.draft_forwards, "note": step.note, "draft_ms": 1e3 * step.draft_seconds, "verify_ms": 1e3 * step.verify_seconds,
             "plain_ms": 1e3 * plain_seconds, "rules": None if rules is None else asdict(rules),
             "caches": None if caches is None else {"target": list(caches.target),
                                                    "drafter": None if caches.drafter is None else list(caches.drafter)}}
@@ -206,7 +207,8 @@ class Playground:
             shape = request.shape if choice.tree_options is not None else "chain"
             try:
                 drafter = self._drafter(choice.name, shape)
-                result = self._generate(prompt, drafter, request.k, budget, sampling, request.seed)
+                result = self._generate(prompt, self._auto(drafter, request.draft_length), request.k, budget, sampling,
+                                        request.seed)
             except Exception:  # the drafter's fault (DraftError) or unexpected: its row only, the others go on
                 logger.exception("compare: drafter %r (%s) failed", choice.name, shape)  # the exception stays here
                 rows.append({"drafter": choice.name, "shape": shape, "error": FAILED_ROW})
@@ -257,6 +259,16 @@ class Playground:
         return generate(self.lm, prompt, drafter=drafter, num_draft_tokens=k if drafter is not None else 0,
                         max_new_tokens=budget, sampling=sampling, eos_token_id=self.eos if eos else None,
                         seed=seed, trace=trace, verify_rule=self.verify_rule, tokenizer=self.tokenizer)
+
+    @staticmethod
+    def _auto(drafter: Drafter | None, draft_length: str) -> Drafter | None:
+        """`drafter`, drafting up to k tokens only when it pays (`specdec.decoding.auto_draft`) under
+        draft_length "auto"."""
+        if drafter is None or draft_length != "auto":
+            return drafter
+        from specdec.decoding.auto_draft import AutoDraft
+
+        return AutoDraft(drafter)  # type: ignore[return-value]
 
     def _drafter(self, name: str, shape: str) -> Drafter | None:
         """The drafter `name` (None for plain decoding) in `shape`: made once per server (a chain's

@@ -15,6 +15,7 @@ __all__ = ["BadRequest", "CompareRequest", "Limits", "ProbeRequest", "RunRequest
            "parse_request"]
 
 SHAPES = ("chain", "tree")
+DRAFT_LENGTHS = ("fixed", "auto")  # a run's k, or `num_draft_tokens="auto"`
 
 
 class BadRequest(Exception):
@@ -48,6 +49,7 @@ class RunRequest:
     prompt: str
     drafter: str = "ngram"  # a registered drafter, or "plain" for plain decoding
     k: int = 4
+    draft_length: str = "fixed"  # "fixed": k every step; "auto": up to k, only when drafting pays (auto_draft)
     shape: str = "chain"  # "chain" or "tree" (the drafter's tree mode)
     temperature: float = 0.0
     top_p: float = 1.0
@@ -62,6 +64,7 @@ class CompareRequest:
 
     prompt: str
     k: int = 4
+    draft_length: str = "fixed"
     shape: str = "chain"
     temperature: float = 0.0
     top_p: float = 1.0
@@ -142,6 +145,8 @@ def check_request(request: RunRequest | CompareRequest | ProbeRequest, limits: L
         raise BadRequest(413, f"max_new_tokens {request.max_new_tokens} is over this page's budget of {budget}")
     _within("max_new_tokens", request.max_new_tokens, 1, budget)
     _within("k", request.k, 1, limits.max_k)
+    if request.draft_length not in DRAFT_LENGTHS:
+        raise BadRequest(400, f"draft_length must be one of {', '.join(DRAFT_LENGTHS)}, got {request.draft_length!r}")
     if request.shape not in SHAPES:
         raise BadRequest(400, f"shape must be one of {', '.join(SHAPES)}, got {request.shape!r}")
     if not 0.0 <= request.temperature <= limits.max_temperature:

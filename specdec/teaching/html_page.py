@@ -22,6 +22,7 @@ table { border-collapse: collapse; } td, th { padding: 0.2em 0.6em; border-botto
 .notreached { color: #aaa; }
 .step { margin: 0.3em 0; display: flex; align-items: center; gap: 0.6em; }
 .step .n { width: 3em; color: #888; text-align: right; }
+.step .note { margin-left: 1em; color: #666; font-size: smaller; }
 .bar { height: 0.8em; display: inline-block; }
 .draft { background: #c9a0dc; } .verify { background: #7aa6d6; } .plainbar { background: #b8b8b8; }
 .legend span { margin-right: 1em; }

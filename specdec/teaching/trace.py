@@ -61,6 +61,7 @@ class TraceStep:
     parents: tuple[int, ...] | None = None  # a tree's parent of each node (-1: the root); None for a chain
     caches: CacheLengths | None = None
     draft_forwards: int | None = None  # drafter forwards that made the draft, where the drafter says (a block: 1)
+    note: str | None = None  # why the drafter drafted what it did, where it says (`Draft.note`)
 
     @property
     def emitted(self) -> list[int]:
@@ -119,7 +120,7 @@ class Trace:
             if token.kind == "rejected" or sum(t.kind != "rejected" for t in kept) < emitted:
                 kept.append(token)
         self.steps.append(TraceStep(tuple(kept), draft_seconds, verify_seconds, tuple(drafted),
-                                    None if parents is None else tuple(parents), caches, draft.forwards))
+                                    None if parents is None else tuple(parents), caches, draft.forwards, draft.note))
 
 
 

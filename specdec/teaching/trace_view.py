@@ -77,7 +77,8 @@ def trace_html(trace: Trace, decode: Callable[[list[int]], str], plain_seconds_p
             plain = plain_seconds_per_token * len(step.emitted)
             bars += (f'<br><span class="bar plainbar" style="width:{plain * scale:.1f}px" '
                      f'title="plain decoding of the same {len(step.emitted)} token(s): {plain * 1e3:.2f} ms"></span>')
-        rows.append(f'<div class="step"><span class="n">{i}</span><span>{chips}</span>'
+        note = f'<span class="note">{escape(step.note)}</span>' if step.note else ""
+        rows.append(f'<div class="step"><span class="n">{i}</span><span>{chips}{note}</span>'
                     f'<span style="margin-left:auto">{bars}</span></div>')
     legend = ('<p class="legend">' + chip("accepted", "accepted") + chip("rejected", "rejected")
               + chip("correction", "correction") + chip("bonus", "bonus") + " timeline: "
@@ -101,6 +102,7 @@ def trace_lines(trace: Trace, decode: Callable[[list[int]], str], colour: bool =
             text = repr(decode([token.token]))[1:-1]
             shown.append(f"{_ANSI[token.kind]}{text}{reset}" if colour else f"[{token.kind[0]}]{text}")
         block = f" {len(step.drafted)} at once," if step.draft_forwards == 1 and len(step.drafted) > 1 else ""
+        note = f"; {step.note}" if step.note else ""
         lines.append(f"{i:>4}  {' '.join(shown)}   (draft{block} {step.draft_seconds * 1e3:.1f} ms, verify "
-                     f"{step.verify_seconds * 1e3:.1f} ms)")
+                     f"{step.verify_seconds * 1e3:.1f} ms{note})")
     return lines

@@ -57,6 +57,7 @@ function settings() {
     prompt: $("prompt").value,
     drafter: $("drafter").value,
     k: Number($("k").value),
+    draft_length: $("k-auto").checked ? "auto" : "fixed",
     shape: document.querySelector("input[name=shape]:checked").value,
     temperature: Number($("temperature").value),
     top_p: Number($("top-p").value),
@@ -368,6 +369,7 @@ function drawStepView() {
   $("detail-explain").textContent = step.drafted.length ? `${accepted} of the drafted tokens were accepted` +
     ` (draft ${fmt(step.draft_ms, 2)} ms, verify ${fmt(step.verify_ms, 2)} ms; plain decoding of these ${emitted} ` +
     `token${emitted === 1 ? "" : "s"}: ${fmt(step.plain_ms, 2)} ms).` + block : "";
+  if (step.note) $("detail-explain").textContent += ` The drafter's decision: ${step.note}.`;
   drawTree(step);
   drawTable(step);
   drawRules(step, run.verify_rule);

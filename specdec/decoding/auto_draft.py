@@ -1,0 +1,181 @@
+"""`num_draft_tokens="auto"`: draft only when it pays, judged from the step times the loop
+measures on the engine in use and each row's running acceptance.
+
+Speculation pays when the tokens a step emits per second beat plain decoding's: a step of a
+batch of B rows where row r drafts k_r tokens emits 1 + a_r tokens per row, a_r its accepted
+ones, in T_spec(B) seconds (draft, verify and sampling together), against B tokens in
+T_plain(B) for a plain step (Leviathan et al. 2023, §3.4, where the same trade sets the best k;
+Chen et al. 2023's cost coefficient c is T_spec / T_plain here, measured rather than assumed).
+With a row's per-token acceptance α_r (i.i.d. acceptance, as those papers model it) a draft of
+k tokens keeps E[a] = α + α² + … + α^k of them (`expected_accepted`). The loop drafts (each
+row its own length, from the adaptive schedule of `specdec.decoding.adaptive`) when
+
+    Σ_r (1 + E_r[a]) / T_spec(B) > B / T_plain(B)                                   (`drafting_pays`)
+
+and takes a plain step otherwise, per step and per batch size, down to no draft at all.
+
+Estimates. α_r is a Beta(1, 1)-smoothed ratio of accepted tokens to accepted tokens plus
+rejections, its counts decayed by `DECAY` each step so it follows the text (Medusa's and
+EAGLE's acceptance moves with it). T_spec(B) and T_plain(B) are exponentially averaged wall
+seconds of this run's own steps of each kind at B rows (a drafting step where no row drafted
+anything counts as a plain one); a step during which anything compiled is left out. Exploration: before both times are known at a batch size, the loop measures each
+(a plain step after the first drafting steps); while drafting is off it probes one drafting
+step after `PROBE_FIRST` plain steps, the interval doubling up to `PROBE_LAST` while the probes
+confirm it, so a drafter that starts to pay again is seen.
+
+A row that does not draft asks its drafter for nothing when the drafter keeps no state; a
+drafter that keeps state (a draft model's cache, EAGLE's features) drafts one token that is
+thrown away, so that its commit sees a step like any other (a draft of which nothing was kept).
+Each draft carries the decision in its `note` (traces and `specdec play` show it). Every
+decision only sets draft lengths, so the output distribution stays exactly plain sampling's; at
+temperature > 0 a seed fixes the output only for the same decisions, which follow measured
+times (greedy decoding is the same tokens whatever they are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from specdec.decoding.adaptive import AdaptiveDraftLength
+from specdec.protocols import Capability, Drafter, Rows, declares
+from specdec.trees import depths
+from specdec.types import Draft
+
+__all__ = ["AUTO_DRAFT_MAX", "DECAY", "PROBE_FIRST", "PROBE_LAST", "AutoDraft", "acceptance", "drafting_pays",
+           "expected_accepted"]
+
+AUTO_DRAFT_MAX = 4  # the longest draft of `num_draft_tokens="auto"` (the compiled verify's width is this + 1)
+DECAY = 0.9  # per step, on a row's acceptance counts
+SMOOTHING = 0.5  # the weight of a new step time in its running average
+PROBE_FIRST, PROBE_LAST = 4, 64  # plain steps between probes while drafting is off: first, at most
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """E[accepted] of a k-token draft whose tokens are each kept with probability α, in order:
+    α + α² + … + α^k."""
+    if k <= 0:
+        return 0.0
+    if alpha >= 1.0:
+        return float(k)
+    return alpha * (1.0 - alpha**k) / (1.0 - alpha)
+
+
+def acceptance(accepted: float, rejections: float) -> float:
+    """α from (decayed) counts of accepted tokens and of rejections, Beta(1, 1)-smoothed."""
+    return (accepted + 1.0) / (accepted + rejections + 2.0)
+
+
+def drafting_pays(alphas: Sequence[float], lengths: Sequence[int], spec_seconds: float, plain_seconds: float) -> bool:
+    """Whether a drafting step (row r drafting lengths[r] tokens at acceptance alphas[r]) emits more
+    tokens per second than a plain step: Σ (1 + E[a_r]) / T_spec > B / T_plain."""
+    tokens = sum(1.0 + expected_accepted(a, k) for a, k in zip(alphas, lengths))
+    return tokens * plain_seconds > len(alphas) * spec_seconds
+
+
+@dataclasses.dataclass
+class _Times:
+    """Running step seconds at one batch size."""
+
+    spec: float | None = None
+    plain: float | None = None
+    spec_samples: int = 0
+
+    def add(self, kind: str, seconds: float) -> None:
+        old = getattr(self, kind)
+        setattr(self, kind, seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds)
+        if kind == "spec":
+            self.spec_samples += 1
+
+
+class AutoDraft(AdaptiveDraftLength):
+    """`inner` drafting only when it pays (the module docstring): each row's length from the
+    adaptive schedule, capped by the loop's k, and no draft when a plain step emits more tokens
+    per second. `decisions` records row 0's steps: (drafted?, why). `clock` gives the seconds
+    steps are timed by (a test's own clock)."""
+
+    def __init__(self, inner: Drafter | Any, start: int = AUTO_DRAFT_MAX,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(inner, start)
+        self.clock = clock
+        self.name = f"{getattr(self.inner, 'name', type(self.inner).__name__)}:k=auto"
+        self._alpha: dict[int, list[float]] = {}  # row -> [decayed accepted tokens, decayed rejections]
+        self._times: dict[int, _Times] = {}  # batch size -> running step seconds
+        self._step: tuple[int, str, float, float] | None = None  # (batch size, kind, start, compile seconds then)
+        self._off = 0  # plain steps taken in a row
+        self._probe = PROBE_FIRST
+        self._thrown: set[int] = set()  # rows whose draft this step was thrown away
+        self.decisions: list[tuple[bool, str]] = []
+
+    def prefill(self, rows: Rows) -> None:
+        super().prefill(rows)
+        self._alpha = {row: [0.0, 0.0] for row in rows}
+        self._step, self._off, self._probe, self._thrown, self.decisions = None, 0, PROBE_FIRST, set(), []
+
+    def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[bool, str]:
+        """Whether this step drafts, and why, from the running estimates at this batch size."""
+        times = self._times.setdefault(len(rows), _Times())
+        alphas = [acceptance(*self._alpha.get(row, [0.0, 0.0])) for row in rows]
+        if times.spec is None:
+            return True, "measuring a drafting step"
+        if times.plain is None:
+            if times.spec_samples < 2:
+                return True, "measuring a drafting step"
+            return False, "measuring a plain step"
+        spec_tokens = sum(1.0 + expected_accepted(a, lengths[r]) for a, r in zip(alphas, rows))
+        pays = drafting_pays(alphas, [lengths[r] for r in rows], times.spec, times.plain)
+        why = (f"drafting: {spec_tokens:.2f} tokens expected in {1e3 * times.spec:.1f} ms against "
+               f"{len(alphas)} in {1e3 * times.plain:.1f} ms plain")
+        if pays:
+            self._off, self._probe = 0, PROBE_FIRST
+            return True, why
+        if self._off >= self._probe:  # probe: acceptance may have risen
+            self._off, self._probe = 0, min(2 * self._probe, PROBE_LAST)
+            return True, why.replace("drafting", "probing", 1) + " (drafting is off; this step checks it again)"
+        self._off += 1
+        return False, why.replace("drafting", "plain step", 1)
+
+    def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
+        from specdec.runtime.engine import compile_seconds
+
+        lengths = {row: max(1, min(self._k.get(row, self.start), k[row])) for row in rows}
+        drafting, why = self._decide(rows, lengths)
+        if 0 in lengths:
+            self.requested.append(lengths[0] if drafting else 0)
+            self.decisions.append((drafting, why))
+        self._step = (len(rows), "spec" if drafting else "plain", self.clock(), compile_seconds())
+        self._thrown = set()
+        if drafting:
+            drafts = dict(self.inner.propose(rows, lengths))
+        elif declares(self.inner, Capability.STATE):  # keep its state in step: one token, thrown away
+            drafts = dict(self.inner.propose(rows, dict.fromkeys(rows, 1)))
+            self._thrown = set(rows)
+            drafts = {row: Draft(draft.tokens[:0]) for row, draft in drafts.items()}
+        else:
+            drafts = {row: Draft(ctx.tokens[:0]) for row, ctx in rows.items()}
+        drafts = {row: dataclasses.replace(draft, note=why) for row, draft in drafts.items()}
+        self._drafts = {row: draft for row, draft in drafts.items() if drafting}
+        return drafts
+
+    def commit(self, rows: Rows, accepted: Mapping[int, int]) -> None:
+        from specdec.runtime.engine import compile_seconds
+
+        if self._step is not None:
+            size, kind, start, compiled = self._step
+            if not any(draft.tokens.shape[0] for draft in self._drafts.values()):
+                kind = "plain"  # nothing drafted (a prompt lookup without a match): the verify was a plain step
+            if compile_seconds() == compiled:  # a step during which a graph compiled says nothing of its cost
+                self._times.setdefault(size, _Times()).add(kind, self.clock() - start)
+            self._step = None
+        for row in rows:
+            draft = self._drafts.get(row)
+            if draft is not None and draft.tokens.shape[0]:
+                counts = self._alpha.setdefault(row, [0.0, 0.0])
+                proposed = int(draft.tokens.shape[0]) if draft.parents is None else \
+                    max(depths(draft.parents.tolist()), default=0)  # a tree: kept whole when a path reaches its depth
+                counts[0] = DECAY * counts[0] + accepted[row]
+                counts[1] = DECAY * counts[1] + (1.0 if accepted[row] < proposed else 0.0)
+        thrown = {row: 0 for row in rows if row in self._thrown}
+        super().commit(rows, {**accepted, **thrown})
