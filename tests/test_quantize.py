@@ -16,7 +16,8 @@ import specdec
 from specdec.checkpoints import load_causal_lm
 from specdec.drafters import DraftModelDrafter
 from specdec.runtime import packed as packing
-from specdec.runtime.quantize import Int8Linear, quantize, quantized_scheme
+from specdec.runtime.quantize import EXACT_TOP, Int8Linear, quantize, quantized_scheme
+from specdec.runtime.wide_attention import WIDE_ATTENTION
 
 PROMPT = [3, 9, 4, 3, 9, 4, 3, 9, 11, 2]  # repetitive: prompt lookup drafts
 NEW = 16
@@ -64,6 +65,8 @@ def test_quantize_replaces_every_linear_layer_and_unties_the_head():
     assert torch.equal(model.get_input_embeddings().weight, embed) and not model.config.tie_word_embeddings
     after = sum(p.numel() * p.element_size() for p in model.parameters())
     assert after < 0.6 * before and quantized_scheme(model) == "int8"
+    assert model.get_output_embeddings().exact_top == EXACT_TOP and model.model.layers[0].mlp.up_proj.exact_top == 0
+    assert model.config._attn_implementation == WIDE_ATTENTION
     gpt2 = _int8("gpt2")
     assert not any(isinstance(m, (torch.nn.Linear, Conv1D)) for m in gpt2.modules())
 
@@ -82,6 +85,51 @@ def test_bad_quantization_requests_are_refused_by_name(tmp_path):
         load_causal_lm(tmp_path / "absent", quantize="int8", tp=2)
     with pytest.raises(ValueError, match="a model passed in is not modified"):
         DraftModelDrafter(tiny_model("llama", dtype=torch.float32), quantize="int8")
+
+
+def test_an_int8_heads_largest_logits_are_float32_sums_of_its_int8_products():
+    torch.manual_seed(2)
+    head = Int8Linear.from_linear(torch.nn.Linear(32, 300, bias=False))
+    head.exact_top = 4
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        logits = head(x)
+        rounded = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), head.qweight, head.scale).float()
+    exact = x.to(torch.bfloat16).float() @ head.dequantized().T  # (3, 300) in float32
+    top = rounded.topk(4, dim=-1).indices
+    assert torch.allclose(logits.gather(-1, top), exact.gather(-1, top), rtol=1e-6, atol=1e-6)
+    rest = torch.ones_like(logits, dtype=torch.bool).scatter(-1, top, False)
+    assert torch.equal(logits[rest], rounded[rest])  # the others as the kernel rounded them
+
+
+class Continuation:
+    """Drafts the next k tokens of a known greedy decoding: every draft kept, every position verified
+    in a k + 1-row forward rather than a one-row step."""
+
+    name = "continuation"
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, ctx, k):
+        n = ctx.tokens.shape[0]
+        return specdec.Draft(torch.tensor(self.tokens[n : n + k], dtype=torch.long))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_an_eager_int8_verify_row_is_a_one_row_step_bit_for_bit(arch):
+    from specdec.teaching.trace import Trace
+
+    # wide enough and long enough that attention in float32 is not the same bits for 4 rows and for 1
+    target = _int8(arch, seed=7, dtype=torch.float32, vocab_size=300, hidden=256)
+    prompt = list(range(3, 60)) * 2
+    plain, verified = Trace(), Trace()
+    tokens = specdec.generate(target, prompt, max_new_tokens=24, trace=plain).tokens
+    result = specdec.generate(target, prompt, drafter=Continuation(prompt + tokens), num_draft_tokens=3,
+                              max_new_tokens=24, trace=verified)
+    assert result.tokens == tokens and result.stats.accepted > 12
+    probabilities = [[t.p for s in trace.steps for t in s.tokens if t.kind != "rejected"] for trace in (plain, verified)]
+    assert probabilities[0] == probabilities[1]  # the target's probability of every token, to the last bit
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gpt2"])

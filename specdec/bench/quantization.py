@@ -55,9 +55,9 @@ def _losses_and_argmax(model: torch.nn.Module, windows: torch.Tensor, batch: int
 
 
 def _greedy(model: torch.nn.Module, prompts: Sequence[list[int]], new_tokens: int) -> list[list[int]]:
-    import specdec
+    from specdec.decoding.generate import generate
 
-    return [specdec.generate(model, prompt, max_new_tokens=new_tokens).tokens for prompt in prompts]
+    return [generate(model, prompt, max_new_tokens=new_tokens).tokens for prompt in prompts]
 
 
 def _common(a: list[int], b: list[int]) -> int:

@@ -17,6 +17,15 @@ result depend on the others; here activations are never scaled at all: each row 
 bfloat16 element by element, and the product's rows do not depend on how many rows it has
 (`tests/test_quantize.py` checks it bit for bit, eager and compiled).
 
+The kernel rounds its outputs to bfloat16, 8 bits of mantissa: on an LM head that makes the two
+largest logits equal often enough (at a logit of 30 the step is 0.125) that greedy decoding would
+pick between them by the rounding of the steps before, which differ in their last bits between a
+verify and a one-row step (attention's products, like any float products, are not the same bits
+for 5 rows and for 1). So the LM head recomputes each row's `EXACT_TOP` largest logits from the
+same inputs and int8 weights in float32 (`Int8Linear.exact_top`): its logits then tie no more
+often than a float32 model's, and greedy decoding is exact as the float32 engine's is, up to
+ties within a few units in the last place of float32.
+
 Embeddings, norms, convolutions and experts' fused weights stay as they are.
 """
 
@@ -32,6 +41,7 @@ __all__ = ["SCHEMES", "Int8Linear", "quantize", "quantized_scheme"]
 Scheme = Literal["int8"]
 SCHEMES: tuple[str, ...] = ("int8",)
 COMPUTE_DTYPE = torch.bfloat16  # the activations' dtype inside a quantized product (its kernels take it)
+EXACT_TOP = 16  # an int8 LM head's largest logits per row, recomputed in float32 (`Int8Linear._exact_top`)
 _INT8_MAX = 127
 
 
@@ -42,7 +52,8 @@ class Int8Linear(nn.Module):
     Attributes: `qweight` (int8 [N, K]), `scale` (bfloat16 [N]), `bias` (the layer's own, or None),
     `in_features`, `out_features`."""
 
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 exact_top: int = 0) -> None:
         super().__init__()
         if qweight.dtype != torch.int8 or qweight.dim() != 2:
             raise ValueError(f"qweight must be int8 [out, in], got {qweight.dtype} {tuple(qweight.shape)}")
@@ -52,6 +63,7 @@ class Int8Linear(nn.Module):
         self.qweight = nn.Parameter(qweight.contiguous(), requires_grad=False)  # the kernel reads rows
         self.scale = nn.Parameter(scale.to(COMPUTE_DTYPE), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.exact_top = int(exact_top)  # outputs per row recomputed in float32 (an LM head's largest logits)
 
     @classmethod
     def from_linear(cls, linear: nn.Module) -> Int8Linear:
@@ -75,11 +87,24 @@ class Int8Linear(nn.Module):
             out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, scale)  # (M, N)
         else:  # the same arithmetic where that kernel is not built: a dequantized bfloat16 product
             out = (rows @ self.qweight.to(COMPUTE_DTYPE).T) * scale
+        if self.exact_top:
+            out = self._exact_top(rows, out, scale)
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 
+    def _exact_top(self, rows: torch.Tensor, out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """`out` (M, N) in float32 with each row's `exact_top` largest outputs recomputed from the
+        same bfloat16 inputs and int8 weights, accumulated and kept in float32: the kernel rounds its
+        outputs to bfloat16, where an LM head's two largest logits are often equal (and the token
+        then chosen by rounding); these are not."""
+        top = out.topk(min(self.exact_top, self.out_features), dim=-1).indices  # (M, m)
+        weights = self.qweight[top].float() * scale[top].float()[..., None]  # (M, m, K)
+        exact = (weights * rows.float()[:, None, :]).sum(-1)  # (M, m)
+        return out.float().scatter(-1, top, exact)
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        top = f", exact_top={self.exact_top}" if self.exact_top else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{top}"
 
 
 def _linear_kinds() -> tuple[type[nn.Module], ...]:
@@ -113,17 +138,31 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
                              "model before sharding it, or load it with tp=1")
         if weight.is_meta:
             raise ValueError(f"{name}'s weight is on the meta device: load the model's weights before quantizing")
+    head = getattr(model, "get_output_embeddings", lambda: None)()
     for name, module in linears:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(module))
+        layer = Int8Linear.from_linear(module)
+        layer.exact_top = EXACT_TOP if module is head else 0
+        setattr(parent, child, layer)
     config = getattr(model, "config", None)
     text = getattr(config, "get_text_config", lambda: None)()
     for part in {id(c): c for c in (config, text) if c is not None}.values():
         if getattr(part, "tie_word_embeddings", False):
             part.tie_word_embeddings = False  # the head is its own (int8) weight now: nothing may tie it again
+    _widen_attention(model)
     model._specdec_quantized = scheme  # type: ignore[assignment]
     return model
+
+
+def _widen_attention(model: nn.Module) -> None:
+    """Run `model`'s SDPA or eager attention in float64 (`specdec.runtime.wide_attention`), so that
+    a verify row's attention output is a one-row step's to the last bit of float32."""
+    from specdec.runtime.wide_attention import register_wide_attention
+
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(register_wide_attention())
 
 
 def quantized_scheme(model: nn.Module) -> str | None:

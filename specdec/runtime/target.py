@@ -26,6 +26,7 @@ from specdec.runtime.linear import CHAIN, TreeLayout, tree_layout
 from specdec.runtime.forward import (LAST_LAYER, final_norm, float_parameter, head_shape, is_pipelined, model_forward,
                                      prepare_for_compile)
 from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppable_layers
+from specdec.runtime.quantize import Int8Linear
 from specdec.runtime.replay import Replay
 from specdec.runtime.tree_logits import TreeLogits, head_reproduces
 from specdec.runtime.windows import attention_kinds, layer_masks
@@ -101,7 +102,11 @@ class CausalLM:
         self._compile = False  # whether the last reset asked for compiled steps
         self._chains: dict[tuple[Any, ...], Step] = {}  # drafters' loops of forwards (`chain`)
         self._obstacle: str | None = None  # why tree forwards are impossible (None: they are not)
-        self._lazy_head: bool | None = None  # whether logits = lm_head(hidden states); None: not yet known
+        # whether logits = lm_head(hidden states); None: not yet known. Never for a quantized head: run
+        # eagerly it multiplies with another kernel than the compiled graph, whose bfloat16 outputs round
+        # otherwise, so every logits row (and the first verify, which would check it eagerly) comes from
+        # the graph, as a one-row step's does (`specdec.runtime.quantize`)
+        self._lazy_head: bool | None = False if isinstance(model.get_output_embeddings(), Int8Linear) else None
         self._replay: Replay | None = None  # a hybrid model's snapshots, for its rollback
 
     @property
