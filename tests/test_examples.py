@@ -43,6 +43,7 @@ def _arguments(name: str, cache: str, tmp_path: Path) -> list[str]:
                          "--rows", "eagle sampled", "draft-model+tree without_replacement"],
         "verify_rule_cost.py": ["--vocab", "64", "--repeats", "2", "--nodes", "6"],
         "packed_weights.py": [*quick, "--new-tokens", "1", "--repeats", "1", "--quantize", "int8"],
+        "auto_draft_length.py": [*quick, "--prompts", "1", "--new-tokens", "4", "--repeats", "1"],
         "dflash_width.py": [*quick, "--steps", "2", "--heads", "2"],
         "ddtree_curve.py": [*quick, "--budgets", "4", "--prompts-per-category", "1", "--new-tokens", "8"],
         "grammar_engines.py": ["--tokenizer", str(Path(cache).glob("quick-*/tokenizer").__next__()), "--repeats", "1"],
