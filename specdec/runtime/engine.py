@@ -97,14 +97,18 @@ def _options(device: torch.device, packed: bool = False) -> dict[str, Any]:
     call), built apart from the kernels so the wrapper compiles at -O1 (a 32-layer target's graph
     compiles in a third of the time and runs as fast); and no guards on module attributes (see
     `Step`), which cost a tenth of a small step. `packed`: every matrix product through inductor's
-    C++ GEMM template, its only backend (`specdec.runtime.packed`)."""
+    C++ GEMM template, its only backend (`specdec.runtime.packed`), with nothing fused into its
+    epilogue: the template's fused epilogues compute a 5-row product's rows otherwise than a one-row
+    product's (SmolLM2 int8: a decoder layer's output 0.047 apart, 0.0 without them), and a verify
+    row must be a one-row step."""
     options: dict[str, Any] = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if device.type == "cuda":
         options["triton.cudagraphs"] = True
     else:
         options.update({"cpp_wrapper": True, "cpp_wrapper_build_separate": True})
     if packed:
-        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})  # freezing: `packed_step`
+        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP",  # freezing: `packed_step`
+                        "epilogue_fusion": False})
     return options
 
 
