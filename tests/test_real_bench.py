@@ -5,9 +5,11 @@ arithmetic. The bench itself (`make bench-real`) needs the wheel and an hour; it
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec.bench import cost_model, real
 from specdec.bench.questions import load_questions
@@ -69,16 +71,43 @@ def test_weights_count_a_tied_embedding_once_and_its_lookup_as_a_matmul_only_whe
         assert multiplied == sum(p.numel() for p in distinct) - (0 if is_tied else embedding)
 
 
-def test_the_table_gives_each_forward_over_t1_and_the_share_of_the_bound() -> None:
+def test_the_table_gives_each_engines_forward_over_its_t1_and_the_share_of_the_floor() -> None:
     costs = cost_model.CostModel(
-        eager={"chain 1": 0.010, "chain 5": 0.020, "tree 16": 0.030},
-        compiled={"chain 1": 0.008, "chain 5": 0.012, "tree 16": 0.016},
+        curves={"eager": {"chain 1": 0.010, "chain 5": 0.020, "tree 16": 0.030},
+                "packed": {"chain 1": 0.008, "chain 5": 0.012, "tree 16": 0.016}},
         head_share={"chain 1": 0.25, "chain 5": 0.5, "tree 16": 0.05},
-        bounds=cost_model.Bounds(weight_bytes=4 * 10**6, flops=2 * 10**9, bandwidth=10**9, rate=10**12), threads=2)
+        bounds=cost_model.Bounds(weight_bytes=4 * 10**6, flops=2 * 10**9, bandwidth=10**9, rate=10**12), threads=2,
+        quantized="int8")
     text = cost_model.table(costs)
+    assert "| forward | rows | eager ms | × T(1) | packed ms | × T(1) | LM head share |" in text
     assert "| plain decoding, T(1) | 1 | 10.00 | 1.00 | 8.00 | 1.00 | 25% |" in text
     assert "| chain, k = 4 | 5 | 20.00 | 2.00 | 12.00 | 1.50 | 50% |" in text
     assert "| tree of 16 nodes | 17 | 30.00 | 3.00 | 16.00 | 2.00 | 5% |" in text
-    # memory bound 4 ms, compute bound 2 ms: compiled T(1) = 8 ms reaches half the larger (memory)
-    assert "memory bound 4.00 ms" in text and "compute bound 2.00 ms" in text and "reaches 50%" in text
+    # the floor: 4 MB read at 1 GB/s = 4 ms, as a multiple of each engine's T(1)
+    assert "| the floor: every weight read once | any | 4.00 | 0.40 | 4.00 | 0.50 | — |" in text
+    assert "memory floor 4.00 ms" in text and "compute bound 2.00 ms" in text and "int8 weights" in text
+    assert "40% of the floor eager" in text and "50% of the floor packed" in text
 
+
+def test_the_cost_model_measures_an_eager_curve_and_reads_the_floor() -> None:
+    model = tiny_model("llama", vocab_size=64)
+    costs = cost_model.measure(model, torch.arange(1, 9), repeats=1, log=lambda line: None, engines=("eager",),
+                               chains=(1, 3), trees=(4,))
+    assert set(costs.curves) == {"eager"} and set(costs.curves["eager"]) == {"chain 1", "chain 3", "tree 4"}
+    assert all(seconds > 0 for seconds in costs.curves["eager"].values()) and costs.bounds.bandwidth > 0
+    assert costs.quantized is None and set(costs.head_share) == set(costs.curves["eager"])
+    with pytest.raises(ValueError, match="chains including 1"):
+        cost_model.measure(model, torch.arange(1, 9), engines=("eager",), chains=(2, 3))
+
+
+def test_each_engine_sets_packed_weights_while_it_runs_and_puts_the_setting_back(monkeypatch) -> None:
+    from specdec.runtime.packed import PACKED_ENV
+
+    monkeypatch.delenv(PACKED_ENV, raising=False)
+    for engine, compiles, setting in (("eager", False, None), ("compiled", True, "0"), ("packed", True, "1")):
+        with cost_model._engine_setting(engine) as compile:
+            assert compile is compiles and os.environ.get(PACKED_ENV) == setting
+        assert PACKED_ENV not in os.environ
+    with pytest.raises(ValueError, match="unknown engine 'fast'"):
+        with cost_model._engine_setting("fast"):
+            pass

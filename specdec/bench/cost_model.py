@@ -1,45 +1,55 @@
 """The cost model of a target on this machine: what a forward of n tokens costs against one of a
-single token, and how close plain decoding comes to the machine's bounds.
+single token, per engine, and how close plain decoding comes to the machine's floor.
 
 Speculative decoding pays when `MAL * T(1) > T(k+1) + T_draft` (design §7): the verify forward
-of k + 1 rows (or of a tree's n rows) must cost little more than one decode step. On a GPU a
-decode step is bound by memory bandwidth (every weight read for one token), so T(n) stays flat
-until n tokens' FLOPs catch up with the weight bytes; on a CPU the compute bound is near, and
-T(n) grows early. This module measures the curve and both bounds:
+of k + 1 rows (or of a tree's n rows) must cost little more than one decode step. A decode step
+of a model larger than the caches reads every weight once, and a verify of n rows reads the same
+bytes, so at the memory floor extra rows are nearly free; a kernel that streams the weights slower
+than the memory can, or that switches to a slower kernel for n > 1, makes T(n) grow. This module
+measures the curve and the bounds:
 
-- T(1), T(k+1) for k = 1..8 and T of 16-, 32- and 64-node trees, eager and compiled
-  (`specdec.runtime.timing`, medians of round-robin rounds), each also as a multiple of T(1);
-- the LM head's share of each forward: the head's matmul over the kept rows, timed alone, over
-  the forward (a 49k-token vocabulary makes the head the largest single matmul of a small model);
-- the memory bound of plain decoding, `weight bytes / copy bandwidth` (every weight read once a
-  step; a tied embedding counted once, as the head reads it whole), with the bandwidth measured
-  by copying a buffer larger than the caches; and the compute bound, `2 * (weights used per
-  token) / matmul rate`, with the rate measured on a square float32 matmul;
-- the share of the larger bound that compiled plain decoding reaches.
+- T(1), T(k+1) for k = 1..8 and T of 16-, 32- and 64-node trees (`specdec.runtime.timing`, medians
+  of round-robin rounds), for each engine: `eager`, `compiled` (torch's own matrix products) and
+  `packed` (the compiled engine with packed weights, inductor's C++ GEMM template:
+  `specdec.runtime.packed`), each also as a multiple of its own T(1);
+- the LM head's share of each forward: the head's matmul over the kept rows, timed alone, over the
+  last engine's forward (a 49k-token vocabulary makes the head the largest single matmul of a
+  small model);
+- the floor of a step, `weight bytes / read bandwidth` (every weight read once a step, a tied
+  embedding once, at the bytes it is stored in: a quantized model's are int8), with the bandwidth
+  measured by summing a buffer larger than the caches (a read, as a step's weights are read, not a
+  copy, which also writes); and the compute bound, `2 * (weights used per token) / matmul rate`,
+  with the rate measured on a square float32 matmul;
+- the share of the floor each engine's plain decoding reaches.
 
     python -m specdec.bench.cost_model --target DIR --out costs.json     # prints the markdown table
+    python -m specdec.bench.cost_model --target DIR --quantize int8 --engines eager packed --chains 1 2 5 9 --trees
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specdec.runtime.packed import PACKED_ENV
 from specdec.runtime.target import CausalLM
 from specdec.runtime.timing import forward_costs, tree_forward_costs
 
-__all__ = ["Bounds", "CostModel", "copy_bandwidth", "matmul_rate", "measure", "table"]
+__all__ = ["CHAINS", "ENGINES", "TREES", "Bounds", "CostModel", "matmul_rate", "measure", "read_bandwidth", "table"]
 
 CHAINS = tuple(range(1, 10))  # T(n) for n = 1 (plain decoding) and k + 1 for k = 1..8
 TREES = (16, 32, 64)  # tree verify forwards of this many nodes (plus the root's row)
+ENGINES = ("eager", "compiled", "packed")  # packed: compiled with packed weights (`specdec.runtime.packed`)
 
 
 def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
@@ -52,12 +62,12 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes per second a tensor copy moves (read and write counted) through memory on the CPU."""
+def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second the CPU reads from memory: a sum over a buffer larger than the caches,
+    which reads every byte once and writes nothing (a step reads its weights; it writes none)."""
     source = torch.ones(megabytes * 2**20 // 4)
-    target = torch.empty_like(source)
-    seconds = _median_seconds(lambda: target.copy_(source), repeats)
-    return 2 * source.numel() * 4 / seconds
+    seconds = _median_seconds(lambda: source.sum(), repeats)
+    return source.numel() * 4 / seconds
 
 
 def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
@@ -70,9 +80,9 @@ def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
 class Bounds:
     """The bounds of one plain decode step (one token)."""
 
-    weight_bytes: int  # bytes read a step: every weight once (a tied embedding once)
+    weight_bytes: int  # bytes read a step: every weight once (a tied embedding once), as stored
     flops: int  # 2 * (weights a token multiplies): the layers and the LM head, not the embedding lookup
-    bandwidth: float  # bytes/s, measured
+    bandwidth: float  # bytes/s the CPU reads, measured
     rate: float  # FLOP/s, measured
 
     @property
@@ -86,13 +96,13 @@ class Bounds:
 
 @dataclass(frozen=True)
 class CostModel:
-    """T(n) of chains and trees, eager and compiled, the head's share, and the bounds."""
+    """T(n) of chains and trees per engine, the head's share, and the bounds."""
 
-    eager: dict[str, float]  # "chain n" / "tree n" -> seconds
-    compiled: dict[str, float]
-    head_share: dict[str, float]  # "chain n" / "tree n" -> the LM head's seconds over the compiled forward's
+    curves: dict[str, dict[str, float]]  # engine -> "chain n" / "tree n" -> seconds
+    head_share: dict[str, float]  # "chain n" / "tree n" -> the LM head's seconds over the last engine's forward
     bounds: Bounds
     threads: int
+    quantized: str | None = None  # the weights' scheme (`specdec.quantize`), None: as loaded
 
 
 def _weights(model: torch.nn.Module, lm: CausalLM) -> tuple[int, int]:
@@ -116,63 +126,116 @@ def _head_seconds(lm: CausalLM, rows: int, repeats: int) -> float:
         return _median_seconds(lambda: lm.lm_head(hidden), repeats)
 
 
-def measure(lm: CausalLM, prefix: torch.Tensor, repeats: int = 15, log: Callable[[str], None] = print) -> CostModel:
-    """The cost model of `lm` after `prefix` (a realistic cached length), eager and compiled."""
-    results: dict[bool, dict[str, float]] = {}
-    for compile in (False, True):
+@contextmanager
+def _engine_setting(engine: str) -> Iterator[bool]:
+    """Whether `engine` compiles, with packed weights switched as it says while it runs."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    before = os.environ.get(PACKED_ENV)
+    if engine != "eager":
+        os.environ[PACKED_ENV] = "1" if engine == "packed" else "0"
+    try:
+        yield engine != "eager"
+    finally:
+        if before is None:
+            os.environ.pop(PACKED_ENV, None)
+        else:
+            os.environ[PACKED_ENV] = before
+
+
+def measure(model: torch.nn.Module, prefix: torch.Tensor, repeats: int = 15, log: Callable[[str], None] = print,
+            engines: Sequence[str] = ENGINES, chains: Sequence[int] = CHAINS,
+            trees: Sequence[int] = TREES) -> CostModel:
+    """The cost model of `model` after `prefix` (a realistic cached length), per engine. Each
+    engine runs on a wrapper of its own (`CausalLM`), so its steps are its own; a packed engine's
+    graphs stay on the model, as the engine keeps them."""
+    if not engines or not chains or 1 not in chains:
+        raise ValueError(f"measure needs at least one engine and chains including 1 (plain decoding), "
+                         f"got engines={list(engines)} chains={list(chains)}")
+    curves: dict[str, dict[str, float]] = {}
+    lm = CausalLM(model)
+    for engine in engines:
         start = time.perf_counter()
-        chains = forward_costs(lm, prefix, list(CHAINS), repeats=repeats, compile=compile)
-        trees = tree_forward_costs(lm, prefix, [n + 1 for n in TREES], repeats=repeats, compile=compile)
-        results[compile] = {**{f"chain {n}": s for n, s in chains.items()},
-                            **{f"tree {n - 1}": s for n, s in trees.items()}}
-        log(f"{'compiled' if compile else 'eager'} forwards measured in {time.perf_counter() - start:.0f} s")
+        with _engine_setting(engine) as compile:
+            lm = CausalLM(model)
+            measured = {f"chain {n}": s for n, s in
+                        forward_costs(lm, prefix, sorted(set(chains)), repeats=repeats, compile=compile).items()}
+            if trees:
+                measured.update({f"tree {n - 1}": s for n, s in tree_forward_costs(
+                    lm, prefix, [n + 1 for n in trees], repeats=repeats, compile=compile).items()})
+        curves[engine] = measured
+        log(f"{engine} forwards measured in {time.perf_counter() - start:.0f} s")
+    last = curves[engines[-1]]
     # the head's rows: a chain keeps every row's logits; a tree forward the root's only (the rest on demand)
     head_share = {key: _head_seconds(lm, int(key.split()[1]) if key.startswith("chain") else 1, repeats) / seconds
-                  for key, seconds in results[True].items()}
-    weight_bytes, multiplied = _weights(lm.model, lm)
-    bounds = Bounds(weight_bytes, 2 * multiplied, copy_bandwidth(), matmul_rate())
-    return CostModel(results[False], results[True], head_share, bounds, torch.get_num_threads())
+                  for key, seconds in last.items()}
+    weight_bytes, multiplied = _weights(model, lm)
+    bounds = Bounds(weight_bytes, 2 * multiplied, read_bandwidth(), matmul_rate())
+    from specdec.runtime.quantize import quantized_scheme
+
+    return CostModel(curves, head_share, bounds, torch.get_num_threads(), quantized_scheme(model))
+
+
+def _label(key: str) -> tuple[str, int]:
+    kind, n = key.split()
+    if key == "chain 1":
+        return "plain decoding, T(1)", 1
+    return (f"chain, k = {int(n) - 1}", int(n)) if kind == "chain" else (f"tree of {n} nodes", int(n) + 1)
 
 
 def table(costs: CostModel) -> str:
-    """The markdown table of `costs`, then the bounds."""
-    t1e, t1c = costs.eager["chain 1"], costs.compiled["chain 1"]
-    lines = ["| forward | rows | eager ms | × T(1) | compiled ms | × T(1) | LM head share |",
-             "|---|---|---|---|---|---|---|"]
-    for key in costs.compiled:
-        kind, n = key.split()
-        label = "plain decoding, T(1)" if key == "chain 1" else (f"chain, k = {int(n) - 1}" if kind == "chain"
-                                                                else f"tree of {n} nodes")
-        rows = int(n) if kind == "chain" else int(n) + 1
-        lines.append(f"| {label} | {rows} | {costs.eager[key] * 1e3:.2f} | {costs.eager[key] / t1e:.2f} | "
-                     f"{costs.compiled[key] * 1e3:.2f} | {costs.compiled[key] / t1c:.2f} | "
-                     f"{costs.head_share[key]:.0%} |")
+    """The markdown table of `costs` (each engine's ms and multiple of its T(1), the floor as its
+    last row), then the bounds and the share of the floor each engine's plain decoding reaches."""
+    engines = list(costs.curves)
     b = costs.bounds
-    bound = max(b.memory_seconds, b.compute_seconds)
-    lines += ["", f"- weights read per step: {b.weight_bytes / 2**20:.0f} MiB; measured copy bandwidth "
-              f"{b.bandwidth / 1e9:.1f} GB/s → memory bound {b.memory_seconds * 1e3:.2f} ms a token",
+    head = "| forward | rows | " + " | ".join(f"{engine} ms | × T(1)" for engine in engines) + " | LM head share |"
+    lines = [head, "|---|---|" + "---|---|" * len(engines) + "---|"]
+    for key in costs.curves[engines[-1]]:
+        label, rows = _label(key)
+        cells = []
+        for engine in engines:
+            seconds, t1 = costs.curves[engine].get(key), costs.curves[engine]["chain 1"]
+            cells.append("— | —" if seconds is None else f"{seconds * 1e3:.2f} | {seconds / t1:.2f}")
+        lines.append(f"| {label} | {rows} | " + " | ".join(cells) + f" | {costs.head_share[key]:.0%} |")
+    floor = " | ".join(f"{b.memory_seconds * 1e3:.2f} | {b.memory_seconds / costs.curves[e]['chain 1']:.2f}"
+                       for e in engines)
+    lines.append(f"| the floor: every weight read once | any | {floor} | — |")
+    stored = f", {costs.quantized} weights" if costs.quantized else ""
+    lines += ["", f"- weights read per step: {b.weight_bytes / 2**20:.0f} MiB{stored}; measured read bandwidth "
+              f"{b.bandwidth / 1e9:.1f} GB/s → memory floor {b.memory_seconds * 1e3:.2f} ms a token",
               f"- FLOPs per token: {b.flops / 1e9:.2f} GFLOP; measured float32 matmul rate {b.rate / 1e9:.0f} GFLOP/s "
               f"→ compute bound {b.compute_seconds * 1e3:.2f} ms a token",
-              f"- compiled plain decoding, T(1) = {t1c * 1e3:.2f} ms, reaches {bound / t1c:.0%} of the larger bound "
-              f"({'memory' if b.memory_seconds >= b.compute_seconds else 'compute'}); "
-              f"{costs.threads} threads"]
+              "- plain decoding reaches " + ", ".join(
+                  f"{b.memory_seconds / costs.curves[e]['chain 1']:.0%} of the floor {e} "
+                  f"(T(1) = {costs.curves[e]['chain 1'] * 1e3:.2f} ms)" for e in engines) + f"; {costs.threads} threads"]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from specdec.checkpoints import load_causal_lm, load_tokenizer
+    from specdec.runtime.quantize import SCHEMES
 
     parser = argparse.ArgumentParser(prog="python -m specdec.bench.cost_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="a checkpoint directory, a hub id or a GGUF file")
+    parser.add_argument("--quantize", choices=SCHEMES, default=None, help="quantize the target first (specdec.quantize)")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                        help="the engines measured, in order (default: all)")
+    parser.add_argument("--chains", nargs="+", type=int, default=list(CHAINS), metavar="N",
+                        help="rows of the chain forwards (1 = plain decoding, always measured; default 1..9)")
+    parser.add_argument("--trees", nargs="*", type=int, default=list(TREES), metavar="N",
+                        help="nodes of the tree forwards (default 16 32 64; none: no trees)")
     parser.add_argument("--prefix-tokens", type=int, default=256, help="cached tokens before each forward")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
-    lm = CausalLM(load_causal_lm(args.target))
+    if any(n < 1 for n in [*args.chains, *args.trees]):
+        parser.error(f"--chains and --trees take positive counts, got {[*args.chains, *args.trees]}")
+    model = load_causal_lm(args.target, quantize=args.quantize)
     tokenizer = load_tokenizer(args.target)
     text = "The quick brown fox jumps over the lazy dog. " * 64
     prefix = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][: args.prefix_tokens])
-    costs = measure(lm, prefix, args.repeats)
+    costs = measure(model, prefix, args.repeats, engines=args.engines, chains=sorted({1, *args.chains}),
+                    trees=args.trees)
     print(table(costs))
     if args.out is not None:
         args.out.write_text(json.dumps({**asdict(costs), "target": str(args.target)}, indent=2) + "\n")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdec.bench.llama_cpp import LLAMA_CPP, llama_cpp_generate
 from specdec.bench.peers import hf_generate
 from specdec.bench.questions import Question
 from specdec.decoding.auto_draft import AUTO_DRAFT_MAX, AutoDraft
@@ -41,7 +42,7 @@ class Contender:
     drafter: str | None = None  # registered drafter name; None: plain decoding or a peer
     options: dict[str, Any] = field(default_factory=dict)
     k: int | str = 0  # draft length, or "auto"
-    peer: str | None = None  # a transformers peer ("hf-plain", ...)
+    peer: str | None = None  # a transformers peer ("hf-plain", ...) or llama.cpp (options: its "file")
     tree: bool = False  # whether the drafter's options make it draft token trees
     compile: bool = False  # specdec's compiled engine (`generate(..., compile=True)`)
     baseline: str = "plain"  # the label of the plain row its speedup divides by (the same engine's)
@@ -147,10 +148,14 @@ def run_bench(model: PreTrainedModel, prompt_ids: Callable[[tuple[str, ...], lis
                     place = number if question.number is None else question.number
                     run_seed = seed + place + 100_003 * turn  # the same draws every round: rounds differ in time only
                     compiling = compile_seconds()
-                    if contender.peer is not None:
+                    if contender.peer == LLAMA_CPP:
+                        tokens, stats = llama_cpp_generate(contender.options["file"], prompt, max_new_tokens, sampling,
+                                                           run_seed)
+                        lengths: tuple[int, ...] = ()
+                    elif contender.peer is not None:
                         tokens, stats = hf_generate(model, prompt, contender.peer, int(contender.k), max_new_tokens,
                                                     sampling, assistant)
-                        lengths: tuple[int, ...] = ()
+                        lengths = ()
                     else:
                         if contender.drafter is not None and contender.label not in drafters:
                             drafters[contender.label] = _drafter(contender)

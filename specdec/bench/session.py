@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from specdec import plugins
+from specdec.bench.llama_cpp import LLAMA_CPP, llama_cpp_missing
 from specdec.bench.peers import hf_missing
 from specdec.bench.questions import Question, from_prompts, load_questions, turn_prompt
 from specdec.bench.report import NOISE_BOUND, SCHEMA, csv_text, noisy_contenders, summarize, tree_sizes
@@ -53,6 +54,7 @@ class BenchConfig:
     engines: tuple[str, ...] = ("compiled",)  # "eager" and/or "compiled": specdec's rows on each
     prompt_format: str = "auto"  # "chat-template", "raw", or auto: the template for Spec-Bench questions if any
     verify_rules: tuple[str, ...] = (DEFAULT_RULE,)  # a row per rule for every drafter (`specdec.verifier.rules`)
+    llama_cpp: Path | None = None  # a GGUF file llama.cpp's plain decoding runs as a row (`specdec.bench.llama_cpp`)
 
     def __post_init__(self) -> None:
         if self.prompt_format not in PROMPT_FORMATS:
@@ -95,9 +97,11 @@ def drafts_trees(name: str, options: dict[str, Any]) -> bool:
 
 
 def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[int | str], peers: bool,
-                   engines: Sequence[str] = ("eager",), rules: Sequence[str] = (DEFAULT_RULE,)) -> list[Contender]:
+                   engines: Sequence[str] = ("eager",), rules: Sequence[str] = (DEFAULT_RULE,),
+                   llama_cpp: Path | None = None) -> list[Contender]:
     """Plain decoding, each drafter at each k (a drafter's own `k` option wins) under each
-    verification rule, then the peers. A drafter is named by its registered name or by a zoo
+    verification rule, then the peers, then llama.cpp's plain decoding of the GGUF file
+    `llama_cpp` when given. A drafter is named by its registered name or by a zoo
     label (`specdec.zoo.options.registry_name`: draft-model-xtok is the draft-model drafter), and
     its rows are labelled by that name.
 
@@ -143,6 +147,8 @@ def contenders_for(drafters: Sequence[tuple[str, dict[str, Any]]], ks: Sequence[
             out.append(Contender(f"hf-prompt-lookup{suffix}", peer="hf-prompt-lookup", k=k))
             if any(name == "draft-model" for name, _ in drafters):
                 out.append(Contender(f"hf-assisted{suffix}", peer="hf-assisted", k=k))
+    if llama_cpp is not None:
+        out.append(Contender("llama.cpp", peer=LLAMA_CPP, options={"file": str(llama_cpp)}))
     return out
 
 
@@ -181,7 +187,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
     used = used_prompt_format(config, tokenizer)  # fails before any run
     questions = load_questions(config.prompts) if config.prompts is not None else _code_questions(config)
     peers = config.peers and not hf_missing(config.sampling)
-    contenders = contenders_for(config.drafters, config.ks, peers, config.engines, config.verify_rules)
+    llama_cpp = config.llama_cpp if config.llama_cpp is not None and not llama_cpp_missing(config.sampling) else None
+    contenders = contenders_for(config.drafters, config.ks, peers, config.engines, config.verify_rules, llama_cpp)
     assistant = None
     # transformers' assisted generation takes the draft-model row's model (of the target's vocabulary)
     source = next((options.get("model") for name, options in config.drafters if name == "draft-model"), None)
@@ -227,6 +234,8 @@ def run_session(config: BenchConfig, out: Path, model: Any, tokenizer: Any,
                              "drafters": [[name, {k: str(v) for k, v in options.items()}]
                                           for name, options in config.drafters],
                              "peers_left_out_for": hf_missing(config.sampling) if config.peers else [],
+                             "llama_cpp": None if config.llama_cpp is None else str(config.llama_cpp),
+                             "llama_cpp_left_out_for": llama_cpp_missing(config.sampling) if config.llama_cpp else [],
                              "questions": len(questions), "turns": turns, "prompt_format": used,
                              "repeat_limit": config.repeat_limit},
                 "rounds": len({r.repeat for r in runs}),  # recorded rounds run (noisy rows' extra ones included)

@@ -36,6 +36,19 @@ def parse_k(text: str) -> int | str:
     return value
 
 
+def _llama_cpp_file(file: Path | None) -> Path | None:
+    """`--llama-cpp FILE`, checked before anything loads: the file exists and the bindings are there."""
+    from specdec.bench.llama_cpp import LLAMA_CPP_INSTALL, llama_cpp_available
+
+    if file is None:
+        return None
+    if not file.is_file():
+        raise CLIError(f"--llama-cpp {file}: no such file; give a GGUF file of the target's weights")
+    if not llama_cpp_available():
+        raise CLIError(f"--llama-cpp needs llama.cpp's Python bindings: {LLAMA_CPP_INSTALL}")
+    return file
+
+
 def _bench(args: argparse.Namespace) -> int:
     from specdec.bench.plots import write_plots
     from specdec.bench.report import table
@@ -94,7 +107,7 @@ def _bench(args: argparse.Namespace) -> int:
                              prompts=Path(args.prompts) if args.prompts else None,
                              prompts_per_category=args.prompts_per_category, zoo=zoo_dir,
                              engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format,
-                             verify_rules=tuple(args.verify_rule))
+                             verify_rules=tuple(args.verify_rule), llama_cpp=_llama_cpp_file(args.llama_cpp))
         tokenizer, model = load_target(target, args)
         bars: list[Any] = []
 
@@ -126,6 +139,8 @@ def _bench(args: argparse.Namespace) -> int:
           f"the accepted length that was loop tokens; target {target}")
     if settings["peers_left_out_for"]:
         print(f"transformers' generate left out: it cannot apply {', '.join(settings['peers_left_out_for'])}")
+    if settings["llama_cpp_left_out_for"]:
+        print(f"llama.cpp left out: its sampler cannot apply {', '.join(settings['llama_cpp_left_out_for'])}")
     categories = sorted({r["category"] for r in records} - {"all"})
     print(table(records))
     if len(categories) > 1:
@@ -158,6 +173,8 @@ def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[st
     from specdec.training.optim import progress
     from specdec.versions import software_versions
 
+    if args.llama_cpp is not None:
+        raise ValueError("--llama-cpp is a row of the batch-1 bench: leave it out of --batch")
     if engine == "both":
         raise ValueError("--batch runs one engine: give --engine eager or --engine compiled")
     if len(args.k) != 1:
@@ -254,6 +271,9 @@ def add_bench_command(commands: Any) -> None:
     bench.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (default 1)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--no-peers", action="store_true", help="leave out transformers' generate")
+    bench.add_argument("--llama-cpp", type=Path, default=None, metavar="FILE.gguf",
+                       help="a row of llama.cpp's plain decoding of this GGUF file (the target's weights, e.g. its "
+                            "float32 or Q8_0 file; needs `pip install llama-cpp-python`)")
     bench.add_argument("--out", default="bench-results", metavar="DIR", help="default ./bench-results")
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--batch", type=int, nargs="+", default=None, metavar="B",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,24 @@ def _bench(argv: list[str]) -> int:
     return int(args.run(args))
 
 
+def _llama_cpp_row(args: argparse.Namespace, log: Callable[[str], None]) -> Path | None:
+    """The GGUF file of llama.cpp's row (the wheel's file as float32, or as Q8_0 beside an int8
+    target), written once into the cache; None, said in one line, when the bindings are absent."""
+    from specdec.bench import real
+    from specdec.bench.llama_cpp import LLAMA_CPP_INSTALL, llama_cpp_available, llama_cpp_file
+
+    if args.no_llama_cpp:
+        return None
+    if not llama_cpp_available():
+        log(f"specdec: no llama.cpp row (its Python bindings are not installed: {LLAMA_CPP_INSTALL})")
+        return None
+    file_type = "q8_0" if args.quantize == "int8" else "f32"
+    try:
+        return llama_cpp_file(real.find_smollm2(), file_type, real.cache_folder(args.cache) / "llama-cpp")
+    except (OSError, RuntimeError) as error:
+        raise CLIError(one_line(error)) from None
+
+
 def _bench_real(args: argparse.Namespace) -> int:
     from specdec.bench import real
 
@@ -34,6 +53,7 @@ def _bench_real(args: argparse.Namespace) -> int:
         datastore = real.prepared_datastore(target, args.cache, log)
     except (OSError, ValueError) as error:
         raise CLIError(one_line(error)) from None
+    llama = _llama_cpp_row(args, log)
     runs = []
     for temperature in args.temperatures:
         folder = args.out / ("greedy" if temperature == 0 else f"t{temperature:g}")
@@ -41,6 +61,7 @@ def _bench_real(args: argparse.Namespace) -> int:
                        "--max-new-tokens", str(args.max_new_tokens), "--repeats", str(args.repeats),
                        "--temperature", str(temperature), "--device", args.device, "--out", str(folder),
                        *(["--quantize", args.quantize] if args.quantize else []),
+                       *(["--llama-cpp", str(llama)] if llama is not None else []),
                        *[f"--drafter={spec}" for spec in real.drafter_specs(datastore, args.drafters, args.quantize)]])
         if code != 0:
             return code
@@ -68,4 +89,7 @@ def add_bench_real_command(commands: Any) -> None:
     command.add_argument("--device", default="cpu")
     command.add_argument("--quantize", choices=SCHEMES, default=None,
                          help="quantize the target (int8 weights, bfloat16 activations; specdec.quantize)")
+    command.add_argument("--no-llama-cpp", action="store_true",
+                         help="leave out llama.cpp's row (run when llama-cpp-python is installed: the same GGUF file "
+                              "as float32, or as Q8_0 with --quantize int8)")
     command.set_defaults(run=_bench_real)
