@@ -35,7 +35,7 @@ def packed(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def model():
     """A tiny float32 Llama, compiled packed by the first test (its graphs reused by the second)."""
-    return tiny_model("llama", dtype=torch.float32, seed=3, layers=1)
+    return tiny_model("llama", dtype=torch.float32, seed=3, layers=1, max_positions=1024)
 
 
 def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decoding(packed, model):
@@ -48,6 +48,17 @@ def test_a_packed_generation_runs_the_gemm_template_and_decodes_as_eager_decodin
     spec = specdec.generate(model, prompt, max_new_tokens=12, compile=True, drafter=specdec.make_drafter("ngram"),
                             num_draft_tokens=3).tokens
     assert spec == eager
+
+
+def test_a_packed_graph_reads_the_cache_it_is_given_not_the_one_it_compiled_with(packed, model):
+    """A static cache's tensors are marked as fixed addresses by transformers, which freezing took
+    for constants: after a longer prompt's larger cache, a new cache of the first size made the
+    first graph decode from the old cache's tensors (other tokens, then positions past its end)."""
+    long = [(i * 7) % 13 + 1 for i in range(300)]  # a cache of 512 positions between two of 256
+    other = [(i * 5) % 31 + 20 for i in range(40)]
+    prompts = (PROMPT, long, other)
+    expected = [specdec.generate(model, p, max_new_tokens=24).tokens for p in prompts]
+    assert [specdec.generate(model, p, max_new_tokens=24, compile=True).tokens for p in prompts] == expected
 
 
 def test_a_packed_graph_serves_only_the_modules_it_was_compiled_with_and_no_copy(packed, model):

@@ -15,12 +15,14 @@ measures the curve and the bounds:
 - the LM head's share of each forward: the head's matmul over the kept rows, timed alone, over the
   last engine's forward (a 49k-token vocabulary makes the head the largest single matmul of a
   small model);
-- the floor of a step, `weight bytes / read bandwidth` (every weight read once a step, a tied
-  embedding once, at the bytes it is stored in: a quantized model's are int8), with the bandwidth
-  measured by summing a buffer larger than the caches (a read, as a step's weights are read, not a
-  copy, which also writes); and the compute bound, `2 * (weights used per token) / matmul rate`,
-  with the rate measured on a square float32 matmul;
-- the share of the floor each engine's plain decoding reaches.
+- the floor of a forward of n rows, `max(weight bytes / read bandwidth, n * 2 * (weights used per
+  token) / matmul rate)`: every weight read once (a tied embedding once, at the bytes it is stored
+  in: a quantized model's are int8), with the bandwidth measured by summing a buffer larger than
+  the caches (a read, as a step's weights are read, not a copy, which also writes), or every row's
+  products at the rate of a square float32 matmul, whichever is longer. Where the weights are
+  small (int8) and the cores few, the rows' products pass the memory floor after a few rows, and
+  no kernel can make a verify of k + 1 rows cost what one row does;
+- the share of the memory floor each engine's plain decoding reaches.
 
     python -m specdec.bench.cost_model --target DIR --out costs.json     # prints the markdown table
     python -m specdec.bench.cost_model --target DIR --quantize int8 --engines eager packed --chains 1 2 5 9 --trees
@@ -45,7 +47,8 @@ from specdec.runtime.packed import PACKED_ENV
 from specdec.runtime.target import CausalLM
 from specdec.runtime.timing import forward_costs, tree_forward_costs
 
-__all__ = ["CHAINS", "ENGINES", "TREES", "Bounds", "CostModel", "matmul_rate", "measure", "read_bandwidth", "table"]
+__all__ = ["CHAINS", "ENGINES", "TREES", "Bounds", "CostModel", "floor_seconds", "matmul_rate", "measure",
+           "read_bandwidth", "table"]
 
 CHAINS = tuple(range(1, 10))  # T(n) for n = 1 (plain decoding) and k + 1 for k = 1..8
 TREES = (16, 32, 64)  # tree verify forwards of this many nodes (plus the root's row)
@@ -183,28 +186,36 @@ def _label(key: str) -> tuple[str, int]:
     return (f"chain, k = {int(n) - 1}", int(n)) if kind == "chain" else (f"tree of {n} nodes", int(n) + 1)
 
 
+def floor_seconds(bounds: Bounds, rows: int) -> float:
+    """The least a forward of `rows` rows can cost: every weight read once, or each row's products
+    at the measured matmul rate, whichever takes longer."""
+    return max(bounds.memory_seconds, rows * bounds.compute_seconds)
+
+
 def table(costs: CostModel) -> str:
-    """The markdown table of `costs` (each engine's ms and multiple of its T(1), the floor as its
-    last row), then the bounds and the share of the floor each engine's plain decoding reaches."""
+    """The markdown table of `costs`: each forward's floor (`floor_seconds`), then each engine's ms
+    and multiple of its own T(1); then the bounds and the share of the floor each engine's plain
+    decoding reaches."""
     engines = list(costs.curves)
     b = costs.bounds
-    head = "| forward | rows | " + " | ".join(f"{engine} ms | × T(1)" for engine in engines) + " | LM head share |"
-    lines = [head, "|---|---|" + "---|---|" * len(engines) + "---|"]
+    head = ("| forward | rows | floor ms | " + " | ".join(f"{engine} ms | × T(1)" for engine in engines)
+            + " | LM head share |")
+    lines = [head, "|---|---|---|" + "---|---|" * len(engines) + "---|"]
     for key in costs.curves[engines[-1]]:
         label, rows = _label(key)
         cells = []
         for engine in engines:
             seconds, t1 = costs.curves[engine].get(key), costs.curves[engine]["chain 1"]
             cells.append("— | —" if seconds is None else f"{seconds * 1e3:.2f} | {seconds / t1:.2f}")
-        lines.append(f"| {label} | {rows} | " + " | ".join(cells) + f" | {costs.head_share[key]:.0%} |")
-    floor = " | ".join(f"{b.memory_seconds * 1e3:.2f} | {b.memory_seconds / costs.curves[e]['chain 1']:.2f}"
-                       for e in engines)
-    lines.append(f"| the floor: every weight read once | any | {floor} | — |")
+        lines.append(f"| {label} | {rows} | {floor_seconds(b, rows) * 1e3:.2f} | " + " | ".join(cells)
+                     + f" | {costs.head_share[key]:.0%} |")
     stored = f", {costs.quantized} weights" if costs.quantized else ""
+    crossover = b.memory_seconds / b.compute_seconds if b.compute_seconds else float("inf")
     lines += ["", f"- weights read per step: {b.weight_bytes / 2**20:.0f} MiB{stored}; measured read bandwidth "
-              f"{b.bandwidth / 1e9:.1f} GB/s → memory floor {b.memory_seconds * 1e3:.2f} ms a token",
+              f"{b.bandwidth / 1e9:.1f} GB/s → memory floor {b.memory_seconds * 1e3:.2f} ms a forward",
               f"- FLOPs per token: {b.flops / 1e9:.2f} GFLOP; measured float32 matmul rate {b.rate / 1e9:.0f} GFLOP/s "
-              f"→ compute bound {b.compute_seconds * 1e3:.2f} ms a token",
+              f"→ compute bound {b.compute_seconds * 1e3:.2f} ms a row; rows cost more than the memory floor "
+              f"from {crossover:.1f} rows on",
               "- plain decoding reaches " + ", ".join(
                   f"{b.memory_seconds / costs.curves[e]['chain 1']:.0%} of the floor {e} "
                   f"(T(1) = {costs.curves[e]['chain 1'] * 1e3:.2f} ms)" for e in engines) + f"; {costs.threads} threads"]

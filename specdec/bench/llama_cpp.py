@@ -1,6 +1,6 @@
 """llama.cpp's plain decoding as a row of the bench: the CPU engine most people already run, on
 the same GGUF file specdec reads (through its Python bindings, `llama-cpp-python`, an optional
-extra: `pip install llama-cpp-python` builds it from source, about 20 minutes on 2 cores).
+extra: `pip install llama-cpp-python` builds it from source, about 7 minutes on 2 cores).
 
 The row decodes the prompt's token ids (no tokenizer of llama.cpp's between), exactly
 `max_new_tokens` tokens (an end-of-sequence token does not stop it, as transformers' peers run),
@@ -31,7 +31,7 @@ __all__ = ["FILE_TYPES", "LLAMA_CPP", "LLAMA_CPP_INSTALL", "llama_cpp_available"
            "llama_cpp_missing"]
 
 LLAMA_CPP = "llama.cpp"  # the bench row's peer name
-LLAMA_CPP_INSTALL = "pip install llama-cpp-python (builds llama.cpp from source, about 20 minutes on 2 cores)"
+LLAMA_CPP_INSTALL = "pip install llama-cpp-python (builds llama.cpp from source, about 7 minutes on 2 cores)"
 FILE_TYPES = {"f32": 0, "q8_0": 7}  # llama.cpp's file types (`LLAMA_FTYPE_ALL_F32`, `LLAMA_FTYPE_MOSTLY_Q8_0`)
 _LOADED: dict[str, Any] = {}  # GGUF path -> its loaded llama.cpp model, kept for every run of a bench
 

@@ -85,8 +85,28 @@ class _Packed:
 
             held = self._bound[places] = (modules, torch.compile(bound, fullgraph=True, dynamic=False,
                                                                  options=self.options, **self.limits))
+        inputs = [arg for i, arg in enumerate(args) if i not in places]
+        for arg in inputs:
+            _unpin(arg)
         with inductor_config.patch(freezing=True):  # `options` do not reach it: set for every call (it may compile)
-            return held[1](*(arg for i, arg in enumerate(args) if i not in places))
+            return held[1](*inputs)
+
+
+def _unpin(value: Any) -> None:
+    """Make a cache's tensors plain inputs of a packed graph. transformers marks a static cache's
+    tensors as fixed addresses (`torch._dynamo.mark_static_address`, for CUDA graphs); freezing
+    takes such inputs for constants of the graph, as it takes the weights, so a graph compiled
+    with one cache would go on reading and writing that cache's tensors when called with another
+    of the same shape (a later generation's): wrong tokens, then positions past its end. Without
+    the mark they are inputs like any other, guarded by shape alone."""
+    layers = getattr(value, "layers", None)
+    if layers is None:
+        return
+    for layer in layers:
+        for held in vars(layer).values():
+            for tensor in held if isinstance(held, (list, tuple)) else (held,):
+                if isinstance(tensor, torch.Tensor) and hasattr(tensor, "_dynamo_static_input_type"):
+                    del tensor._dynamo_static_input_type
 
 
 def packed_step(owner: nn.Module, slot: tuple[Any, ...], fn: Callable[..., Any], options: dict[str, Any],
