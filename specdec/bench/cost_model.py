@@ -109,8 +109,9 @@ class CostModel:
 
 
 def _weights(model: torch.nn.Module, lm: CausalLM) -> tuple[int, int]:
-    """(bytes of the distinct weights, weights a token multiplies): the embedding table is read
-    for one row only, unless the LM head shares it."""
+    """(bytes a step reads, weights a token multiplies): every distinct weight once, but of an
+    embedding table the LM head does not share one row (a lookup, not a matmul; a quantized
+    model's head has its own int8 copy, so its float table is such a lookup)."""
     seen: dict[int, torch.Tensor] = {}
     for parameter in model.parameters():
         seen.setdefault(parameter.data_ptr(), parameter)
@@ -119,7 +120,8 @@ def _weights(model: torch.nn.Module, lm: CausalLM) -> tuple[int, int]:
     head = getattr(lm.lm_head, "weight", None)
     multiplied = sum(p.numel() for p in seen.values())
     if head is None or head.data_ptr() != embedding.data_ptr():
-        multiplied -= embedding.numel()  # a lookup, not a matmul
+        multiplied -= embedding.numel()
+        total_bytes -= (embedding.shape[0] - 1) * embedding[0].numel() * embedding.element_size()
     return total_bytes, multiplied
 
 
