@@ -40,10 +40,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 
 from specdec.runtime.packed import PACKED_ENV
+from specdec.runtime.quantize import SCHEMES, quantized_scheme
 from specdec.runtime.target import CausalLM
 from specdec.runtime.timing import forward_costs, tree_forward_costs
 
@@ -136,16 +138,9 @@ def _engine_setting(engine: str) -> Iterator[bool]:
     """Whether `engine` compiles, with packed weights switched as it says while it runs."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
-    before = os.environ.get(PACKED_ENV)
-    if engine != "eager":
-        os.environ[PACKED_ENV] = "1" if engine == "packed" else "0"
-    try:
+    setting = {} if engine == "eager" else {PACKED_ENV: "1" if engine == "packed" else "0"}
+    with patch.dict(os.environ, setting):  # puts the environment back as it was
         yield engine != "eager"
-    finally:
-        if before is None:
-            os.environ.pop(PACKED_ENV, None)
-        else:
-            os.environ[PACKED_ENV] = before
 
 
 def measure(model: torch.nn.Module, prefix: torch.Tensor, repeats: int = 15, log: Callable[[str], None] = print,
@@ -158,7 +153,6 @@ def measure(model: torch.nn.Module, prefix: torch.Tensor, repeats: int = 15, log
         raise ValueError(f"measure needs at least one engine and chains including 1 (plain decoding), "
                          f"got engines={list(engines)} chains={list(chains)}")
     curves: dict[str, dict[str, float]] = {}
-    lm = CausalLM(model)
     for engine in engines:
         start = time.perf_counter()
         with _engine_setting(engine) as compile:
@@ -176,8 +170,6 @@ def measure(model: torch.nn.Module, prefix: torch.Tensor, repeats: int = 15, log
                   for key, seconds in last.items()}
     weight_bytes, multiplied = _weights(model, lm)
     bounds = Bounds(weight_bytes, 2 * multiplied, read_bandwidth(), matmul_rate())
-    from specdec.runtime.quantize import quantized_scheme
-
     return CostModel(curves, head_share, bounds, torch.get_num_threads(), quantized_scheme(model))
 
 
@@ -226,7 +218,6 @@ def table(costs: CostModel) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from specdec.checkpoints import load_causal_lm, load_tokenizer
-    from specdec.runtime.quantize import SCHEMES
 
     parser = argparse.ArgumentParser(prog="python -m specdec.bench.cost_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="a checkpoint directory, a hub id or a GGUF file")

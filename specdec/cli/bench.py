@@ -49,80 +49,91 @@ def _llama_cpp_file(file: Path | None) -> Path | None:
     return file
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from specdec.bench.plots import write_plots
-    from specdec.bench.report import table
-    from specdec.bench.session import ENGINES, BenchConfig, default_drafters, run_session
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag in ("max_new_tokens", "repeats"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+
+
+def _zoo_dir(args: argparse.Namespace) -> Path | None:
+    """The zoo family benchmarked when no --target is given (built on first use), else None."""
+    if args.target is not None:
+        return None
+    from specdec import zoo
+
+    with rank_zero_first():  # under torchrun, one rank builds it
+        return zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir, show_progress=not args.no_progress)
+
+
+def _sampling(args: argparse.Namespace, zoo_dir: Path | None) -> Any:
+    """The sampling settings, and `args.verify_rule` settled: on its own prompts the zoo decodes at
+    its family's temperature (greedily it loops) and under the rule of its figures, unless told
+    otherwise."""
+    from specdec.cli.sampling_options import rules_for, sampling_from
+
+    on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
+    evaluation = None
+    if on_zoo and (args.temperature is None or args.verify_rule is None):
+        from specdec.zoo.measure import read_evaluation
+
+        evaluation = read_evaluation(zoo_dir)  # type: ignore[arg-type]
+    temperature = args.temperature
+    if temperature is None:
+        temperature = evaluation.temperature if evaluation is not None else 0.0
+    args.verify_rule = list(rules_for(args.verify_rule, evaluation.verify_rule if evaluation is not None else None))
+    return sampling_from(args, temperature)
+
+
+def _drafters(args: argparse.Namespace, zoo_dir: Path | None) -> list[tuple[str, dict[str, Any]]]:
+    """The --drafter specs (a zoo drafter finding its files), or every drafter that serves the target."""
+    from specdec.bench.session import default_drafters
     from specdec.cli.common import parse_drafter_spec
-    from specdec.cli.sampling_options import describe, rules_for, sampling_from
+
+    if not args.drafter:
+        drafters, skipped = default_drafters(zoo_dir)
+        for line in skipped:
+            print(f"specdec: skipping drafter {line}", file=sys.stderr)
+        return drafters
+    from specdec.zoo import drafter_options
+
+    known = drafter_options(zoo_dir) if zoo_dir is not None else {}
+    drafters = [(name, {**known.get(name, {}), **options})
+                for name, options in (parse_drafter_spec(spec) for spec in args.drafter)]
+    for _, options in drafters:
+        if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
+            raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
+    return drafters
+
+
+def _run(config: Any, args: argparse.Namespace, model: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run_session` under a progress bar."""
+    from specdec.bench.session import run_session
     from specdec.training.optim import progress
 
+    bars: list[Any] = []
+
+    def advance_factory(total: int) -> Any:
+        bars.append(progress(total, "bench", not args.no_progress))
+        return lambda: bars[0].update(1)
+
     try:
-        for flag in ("max_new_tokens", "repeats"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-        if args.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
-        zoo_dir = None
-        if args.target is None:
-            from specdec import zoo
+        return run_session(config, Path(args.out), model, tokenizer, advance_factory)
+    finally:
+        for bar in bars:
+            bar.close()
 
-            with rank_zero_first():  # under torchrun, one rank builds it
-                zoo_dir = zoo.ready(zoo.QUICK if args.quick else zoo.FULL, root=args.cache_dir,
-                                    show_progress=not args.no_progress)
-        target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
-        # on its own prompts the zoo decodes at its family's temperature (greedily it loops) and under
-        # the rule of its figures, unless told otherwise
-        on_zoo = zoo_dir is not None and args.prompts is None and not args.batch
-        evaluation = None
-        if on_zoo and (args.temperature is None or args.verify_rule is None):
-            from specdec.zoo.measure import read_evaluation
 
-            evaluation = read_evaluation(zoo_dir)  # type: ignore[arg-type]
-        temperature = args.temperature
-        if temperature is None:
-            temperature = evaluation.temperature if evaluation is not None else 0.0
-        args.verify_rule = list(rules_for(args.verify_rule, evaluation.verify_rule if evaluation is not None else None))
-        sampling = sampling_from(args, temperature)
-        if args.drafter:
-            from specdec.zoo import drafter_options
+def _report(args: argparse.Namespace, config: Any, target: Path, records: list[dict[str, Any]],
+            document: dict[str, Any]) -> int:
+    """Print the settings, the tables and the files written; 1 when a row did not reproduce plain
+    greedy decoding."""
+    from specdec.bench.plots import write_plots
+    from specdec.bench.report import table
+    from specdec.cli.sampling_options import describe
 
-            known = drafter_options(zoo_dir) if zoo_dir is not None else {}  # a zoo drafter finds its files
-            drafters = [(name, {**known.get(name, {}), **options})
-                        for name, options in (parse_drafter_spec(spec) for spec in args.drafter)]
-            for _, options in drafters:
-                if "k" in options and options["k"] != "auto" and (not isinstance(options["k"], int) or options["k"] < 1):
-                    raise ValueError(f"drafter option k must be a positive int or auto, got {options['k']!r}")
-        else:
-            drafters, skipped = default_drafters(zoo_dir)
-            for line in skipped:
-                print(f"specdec: skipping drafter {line}", file=sys.stderr)
-        engine = "compiled" if args.compile else args.engine
-        if args.batch:
-            return _batch_curve(args, target, drafters, sampling, engine)
-        config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
-                             max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                             max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
-                             seed=args.seed, peers=not args.no_peers,
-                             prompts=Path(args.prompts) if args.prompts else None,
-                             prompts_per_category=args.prompts_per_category, zoo=zoo_dir,
-                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format,
-                             verify_rules=tuple(args.verify_rule), llama_cpp=_llama_cpp_file(args.llama_cpp))
-        tokenizer, model = load_target(target, args)
-        bars: list[Any] = []
-
-        def advance_factory(total: int) -> Any:
-            bars.append(progress(total, "bench", not args.no_progress))
-            return lambda: bars[0].update(1)
-
-        try:
-            records, document = run_session(config, Path(args.out), model, tokenizer, advance_factory)
-        finally:
-            for bar in bars:
-                bar.close()
-    except (ValueError, KeyError, OSError, TypeError) as error:
-        raise CLIError(one_line(error)) from None
-    out = Path(args.out)
+    out, sampling = Path(args.out), config.sampling
     try:
         plots = write_plots(records, out / "plots") if is_main_process() else []
     except ImportError:
@@ -154,6 +165,35 @@ def _bench(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """`specdec bench`: the settings and drafters read and checked, the target loaded, the session
+    run, its report printed (`--batch`: the batch curve instead)."""
+    from specdec.bench.session import ENGINES, BenchConfig
+
+    try:
+        _check_counts(args)
+        zoo_dir = _zoo_dir(args)
+        target = Path(args.target) if args.target else zoo_dir / "target"  # type: ignore[operator]
+        sampling = _sampling(args, zoo_dir)
+        drafters = _drafters(args, zoo_dir)
+        engine = "compiled" if args.compile else args.engine
+        if args.batch:
+            return _batch_curve(args, target, drafters, sampling, engine)
+        config = BenchConfig(target=target, drafters=tuple(drafters), ks=tuple(args.k), sampling=sampling,
+                             max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             max_repeats=args.max_repeats, noise_bound=args.noise_bound, warmup=args.warmup,
+                             seed=args.seed, peers=not args.no_peers,
+                             prompts=Path(args.prompts) if args.prompts else None,
+                             prompts_per_category=args.prompts_per_category, zoo=zoo_dir,
+                             engines=ENGINES if engine == "both" else (engine,), prompt_format=args.prompt_format,
+                             verify_rules=tuple(args.verify_rule), llama_cpp=_llama_cpp_file(args.llama_cpp))
+        tokenizer, model = load_target(target, args)
+        records, document = _run(config, args, model, tokenizer)
+    except (ValueError, KeyError, OSError, TypeError) as error:
+        raise CLIError(one_line(error)) from None
+    return _report(args, config, target, records, document)
 
 
 def _batch_curve(args: argparse.Namespace, target: Path, drafters: list[tuple[str, dict[str, Any]]],

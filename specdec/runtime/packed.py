@@ -18,6 +18,7 @@ shares the last one's graphs), or as `PACKED_ENV` says: "1" always, "0" never.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = ["PACKED_ATTRIBUTE", "PACKED_ENV", "PACKED_MIN_BYTES", "packed_step", 
 
 PACKED_ENV = "SPECDEC_PACKED_WEIGHTS"  # "1": CPU steps always pack their weights, "0": never, unset: by size
 PACKED_MIN_BYTES = 64 * 2**20  # an owner's weights from which its steps pack them (past a server CPU's last cache)
+_UNPINNED: weakref.WeakSet[Any] = weakref.WeakSet()  # caches `_unpin` has cleared, once each
 PACKED_ATTRIBUTE = "_specdec_packed_steps"  # an owner's packed graphs, held by the owner itself (`_PackedSteps`)
 
 
@@ -87,7 +89,8 @@ class _Packed:
                                                                  options=self.options, **self.limits))
         inputs = [arg for i, arg in enumerate(args) if i not in places]
         for arg in inputs:
-            _unpin(arg)
+            if hasattr(arg, "layers") and arg not in _UNPINNED:  # a cache, met for the first time
+                _unpin(arg)
         with inductor_config.patch(freezing=True):  # `options` do not reach it: set for every call (it may compile)
             return held[1](*inputs)
 
@@ -99,14 +102,13 @@ def _unpin(value: Any) -> None:
     with one cache would go on reading and writing that cache's tensors when called with another
     of the same shape (a later generation's): wrong tokens, then positions past its end. Without
     the mark they are inputs like any other, guarded by shape alone."""
-    layers = getattr(value, "layers", None)
-    if layers is None:
-        return
-    for layer in layers:
+    for layer in value.layers:
         for held in vars(layer).values():
             for tensor in held if isinstance(held, (list, tuple)) else (held,):
                 if isinstance(tensor, torch.Tensor) and hasattr(tensor, "_dynamo_static_input_type"):
                     del tensor._dynamo_static_input_type
+    if all(getattr(layer, "is_initialized", True) for layer in value.layers):  # no layer left to allocate (and mark)
+        _UNPINNED.add(value)
 
 
 def packed_step(owner: nn.Module, slot: tuple[Any, ...], fn: Callable[..., Any], options: dict[str, Any],
