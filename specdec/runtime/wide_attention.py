@@ -10,9 +10,9 @@ by hundredths. In float64 those differences sit some 10^-16 below the values, so
 rounded back to float32 are the same bits in a verify row and in a one-row step (save for a
 difference that lands on a float32 rounding boundary, some 10^-9 of the time), and everything
 after them is computed row by row. The cost grows with the cache: on SmolLM2 int8 it and the LM
-head's float32 top logits took about a tenth of a step on a short prompt; after 700 cached positions
-it is most of the step (int8 then
-decodes no faster than float32: `docs/bench.md`, *Beside llama.cpp*).
+head's float32 top logits took about a tenth of a step on a short prompt; after 700 cached
+positions it is most of the step, and int8 decodes no faster than float32 (`docs/bench.md`,
+*Beside llama.cpp*).
 """
 
 from __future__ import annotations
