@@ -17,6 +17,7 @@ from specdec.checkpoints import load_causal_lm
 from specdec.drafters import DraftModelDrafter
 from specdec.runtime import packed as packing
 from specdec.runtime.quantize import EXACT_TOP, Int8Linear, quantize, quantized_scheme
+from specdec.runtime.whole_prompt import in_whole_prompt, whole_prompt
 from specdec.runtime.wide_attention import WIDE_ATTENTION
 
 PROMPT = [3, 9, 4, 3, 9, 4, 3, 9, 11, 2]  # repetitive: prompt lookup drafts
@@ -39,6 +40,35 @@ def test_an_int8_products_rows_are_one_row_products_bit_for_bit():
         reference = x.to(torch.bfloat16).float() @ layer.dequantized().T + layer.bias  # the product it stands for
     assert whole.dtype == torch.float32
     assert (whole - reference).abs().max() <= 2**-7 * reference.abs().max()  # its bfloat16 output's rounding
+
+
+def test_a_prompts_int8_products_run_the_bfloat16_gemm_on_the_dequantized_weights():
+    torch.manual_seed(3)
+    layer = Int8Linear.from_linear(torch.nn.Linear(576, 64, bias=False))
+    x = torch.randn(40, 576)  # (M, K)
+    with torch.no_grad():
+        with whole_prompt():
+            prompt = layer(x)
+        gemm = torch.nn.functional.linear(x.to(torch.bfloat16), layer.qweight.to(torch.bfloat16)) * layer.scale
+        assert torch.equal(prompt, gemm.float())
+        assert not torch.equal(layer(x), prompt)  # a step's kernel gives other bits: the check has power
+
+
+def test_a_generation_runs_its_prompt_on_the_prompt_kernels_and_its_steps_on_the_row_exact_ones(monkeypatch):
+    calls: list[tuple[int, bool]] = []  # (rows of a decoder layer's int8 product, inside a prompt's forward)
+    forward = Int8Linear.forward
+
+    def spy(self, x):
+        if not self.exact_top:  # the LM head sees the rows whose logits are kept
+            calls.append((x.reshape(-1, self.in_features).shape[0], in_whole_prompt()))
+        return forward(self, x)
+
+    monkeypatch.setattr(Int8Linear, "forward", spy)
+    target = _int8("llama", seed=2, dtype=torch.float32, vocab_size=48)
+    specdec.generate(target, PROMPT, drafter="ngram", num_draft_tokens=3, max_new_tokens=8)
+    assert {rows for rows, prompt in calls if prompt} == {len(PROMPT) - 1}  # the prefill: the prompt but its last id
+    steps = {rows for rows, prompt in calls if not prompt}  # verifies of k + 1 rows, or 1 where nothing was drafted
+    assert 4 in steps and steps <= {1, 2, 3, 4}
 
 
 def test_int8_weights_are_the_nearest_integers_under_a_scale_per_output_row():

@@ -17,6 +17,7 @@ Chains and trees take one path: a chain is a chain-shaped tree (`specdec.trees.v
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from specdec.runtime.linear import CHAIN, visible_layout
 from specdec.runtime.rows import Feed, Verified
 from specdec.runtime.target import CausalLM
 from specdec.runtime.tree_logits import TreeLogits
+from specdec.runtime.whole_prompt import whole_prompt
 from specdec.runtime.windows import FULL, layer_masks
 from specdec.trees import chain_parents, depths, verify_layout
 from specdec.types import Engine, ExtraRows
@@ -255,7 +257,8 @@ class BatchLM:
         args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
         # a first write allocates the cache (never compiled); a prefill's shape varies
         compiled = fixed and self.kv.initialized
-        with grouped_attention(self.lm.device):
+        prompt = whole_prompt() if padding is not None else contextlib.nullcontext()  # a prefill: compared with nothing
+        with grouped_attention(self.lm.device), prompt:
             logits, states = self._step(*args) if compiled else model_forward(self.lm.model, *args)
         self.kv.advanced(rows, positions)
         return logits, states

@@ -10,6 +10,7 @@ itself is `specdec.runtime.forward.model_forward`; the cache's bookkeeping is `s
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,7 @@ from specdec.runtime.obstacles import static_obstacle, tree_obstacle, uncroppabl
 from specdec.runtime.quantize import Int8Linear
 from specdec.runtime.replay import Replay
 from specdec.runtime.tree_logits import TreeLogits, head_reproduces
+from specdec.runtime.whole_prompt import whole_prompt
 from specdec.runtime.windows import attention_kinds, layer_masks
 from specdec.trees import verify_layout
 from specdec.types import ExtraRows
@@ -409,7 +411,8 @@ class CausalLM:
             positions = self._table_positions(input_ids.shape[0])
         args = (kv.cache, input_ids, keep, hidden, mask, positions)
         run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
-        out = run(*args) if run is not None else model_forward(self.model, *args)
+        with whole_prompt() if layout is None else contextlib.nullcontext():  # a prefill: compared with nothing
+            out = run(*args) if run is not None else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0], positions)
         return out
 
