@@ -94,6 +94,24 @@ def test_a_drafter_that_pays_keeps_drafting(model):
     assert result.stats.mean_accepted_length > 3
 
 
+@pytest.mark.parametrize("pays", [False, True], ids=["costly", "paying"])
+def test_an_auto_drafter_starts_the_next_generation_from_what_it_measured(model, pays):
+    plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
+    clock = Clock()
+    # a draft of 4 costs 0.4 plain steps: it pays at the first guess of acceptance (0.5), not once measured
+    drafter = AutoDraft(Costly(model, clock, per_token=0.001, right=pays), clock=clock)
+    specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
+    first = [d for d, _ in drafter.decisions]
+    assert specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW).tokens == plain
+    second = [d for d, _ in drafter.decisions]
+    assert not any(why.startswith("measuring") for _, why in drafter.decisions)  # the step times carried over
+    if pays:
+        assert all(second), second  # drafting from its first step
+    else:  # off from its first step (the pooled acceptance), probed at the interval the first generation reached
+        assert first[0] is True and second[0] is False and second.count(True) < first.count(True), (first, second)
+        assert second[:PROBE_FIRST + 1] == [False] * (PROBE_FIRST + 1)
+
+
 def test_auto_decodes_as_plain_decoding_in_batches_and_sampled(model):
     prompts = [PROMPT, PROMPT[:5], PROMPT[2:]]
     batch = specdec.generate_batch(model, prompts, drafter="ngram", num_draft_tokens="auto", max_new_tokens=24)

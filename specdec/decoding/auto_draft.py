@@ -17,11 +17,19 @@ and takes a plain step otherwise, per step and per batch size, down to no draft 
 Estimates. α_r is a Beta(1, 1)-smoothed ratio of accepted tokens to accepted tokens plus
 rejections, its counts decayed by `DECAY` each step so it follows the text (Medusa's and
 EAGLE's acceptance moves with it). T_spec(B) and T_plain(B) are exponentially averaged wall
-seconds of this run's own steps of each kind at B rows (a drafting step where no row drafted
-anything counts as a plain one); a step during which anything compiled is left out. Exploration: before both times are known at a batch size, the loop measures each
-(a plain step after the first drafting steps); while drafting is off it probes one drafting
-step after `PROBE_FIRST` plain steps, the interval doubling up to `PROBE_LAST` while the probes
-confirm it, so a drafter that starts to pay again is seen.
+seconds of the steps of each kind at B rows (a drafting step where no row drafted anything
+counts as a plain one); a step during which anything compiled is left out. Exploration: before
+both times are known at a batch size, the loop measures each (a plain step after the first
+drafting steps); while drafting is off it probes one drafting step after `PROBE_FIRST` plain
+steps, the interval doubling up to `PROBE_LAST` while the probes confirm it, so a drafter that
+starts to pay again is seen.
+
+Memory. One `AutoDraft` keeps what it measured from one generation to the next (the bench and a
+server reuse theirs): the step times, the probe interval reached, and the drafter's acceptance
+pooled over every row and generation (decayed by `POOL_DECAY` per row and step), from which a
+new row's α starts at the weight of `PRIOR_WEIGHT` observations. So a drafter that did not pay
+on the last prompts starts the next one off, probed at the interval reached, rather than paying
+for its exploration again on every prompt; one that paid starts drafting.
 
 A row that does not draft asks its drafter for nothing when the drafter keeps no state; a
 drafter that keeps state (a draft model's cache, EAGLE's features) drafts one token that is
@@ -44,11 +52,13 @@ from specdec.protocols import Capability, Drafter, Rows, declares
 from specdec.trees import depths
 from specdec.types import Draft
 
-__all__ = ["AUTO_DRAFT_MAX", "DECAY", "PROBE_FIRST", "PROBE_LAST", "AutoDraft", "acceptance", "drafting_pays",
-           "expected_accepted"]
+__all__ = ["AUTO_DRAFT_MAX", "DECAY", "POOL_DECAY", "PRIOR_WEIGHT", "PROBE_FIRST", "PROBE_LAST", "AutoDraft",
+           "acceptance", "drafting_pays", "expected_accepted", "prior_counts"]
 
 AUTO_DRAFT_MAX = 4  # the longest draft of `num_draft_tokens="auto"` (the compiled verify's width is this + 1)
 DECAY = 0.9  # per step, on a row's acceptance counts
+POOL_DECAY = 0.99  # per row and step, on the acceptance counts pooled over rows and generations
+PRIOR_WEIGHT = 4.0  # observations (accepted tokens and rejections) a new row's acceptance starts from
 SMOOTHING = 0.5  # the weight of a new step time in its running average
 PROBE_FIRST, PROBE_LAST = 4, 64  # plain steps between probes while drafting is off: first, at most
 
@@ -66,6 +76,14 @@ def expected_accepted(alpha: float, k: int) -> float:
 def acceptance(accepted: float, rejections: float) -> float:
     """α from (decayed) counts of accepted tokens and of rejections, Beta(1, 1)-smoothed."""
     return (accepted + 1.0) / (accepted + rejections + 2.0)
+
+
+def prior_counts(pooled: Sequence[float], weight: float = PRIOR_WEIGHT) -> list[float]:
+    """A new row's [accepted, rejections] counts: the pooled ones, scaled down to at most `weight`
+    observations in all (their ratio kept), so the row's own steps soon outweigh them."""
+    total = pooled[0] + pooled[1]
+    scale = 1.0 if total <= weight else weight / total
+    return [pooled[0] * scale, pooled[1] * scale]
 
 
 def drafting_pays(alphas: Sequence[float], lengths: Sequence[int], spec_seconds: float, plain_seconds: float) -> bool:
@@ -102,6 +120,7 @@ class AutoDraft(AdaptiveDraftLength):
         self.clock = clock
         self.name = f"{getattr(self.inner, 'name', type(self.inner).__name__)}:k=auto"
         self._alpha: dict[int, list[float]] = {}  # row -> [decayed accepted tokens, decayed rejections]
+        self._pool = [0.0, 0.0]  # the same, pooled over every row and generation (`POOL_DECAY`)
         self._times: dict[int, _Times] = {}  # batch size -> running step seconds
         self._step: tuple[int, str, float, float] | None = None  # (batch size, kind, start, compile seconds then)
         self._off = 0  # plain steps taken in a row
@@ -109,14 +128,14 @@ class AutoDraft(AdaptiveDraftLength):
         self.decisions: list[tuple[bool, str]] = []
 
     def prefill(self, rows: Rows) -> None:
-        super().prefill(rows)
-        self._alpha = {row: [0.0, 0.0] for row in rows}
-        self._step, self._off, self._probe, self.decisions = None, 0, PROBE_FIRST, []
+        super().prefill(rows)  # the step times and the probe interval carry over (the module docstring)
+        self._alpha = {row: prior_counts(self._pool) for row in rows}
+        self._step, self._off, self.decisions = None, 0, []
 
     def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[bool, str]:
         """Whether this step drafts, and why, from the running estimates at this batch size."""
         times = self._times.setdefault(len(rows), _Times())
-        alphas = [acceptance(*self._alpha.get(row, [0.0, 0.0])) for row in rows]
+        alphas = [acceptance(*self._alpha.get(row, prior_counts(self._pool))) for row in rows]
         if times.spec is None:
             return True, "measuring a drafting step"
         if times.plain is None:
@@ -169,9 +188,11 @@ class AutoDraft(AdaptiveDraftLength):
         for row in rows:
             draft = self._drafts.get(row)
             if draft is not None and draft.tokens.shape[0]:
-                counts = self._alpha.setdefault(row, [0.0, 0.0])
+                counts = self._alpha.setdefault(row, prior_counts(self._pool))
                 proposed = int(draft.tokens.shape[0]) if draft.parents is None else \
                     max(depths(draft.parents.tolist()), default=0)  # a tree: kept whole when a path reaches its depth
+                rejected = 1.0 if accepted[row] < proposed else 0.0
                 counts[0] = DECAY * counts[0] + accepted[row]
-                counts[1] = DECAY * counts[1] + (1.0 if accepted[row] < proposed else 0.0)
+                counts[1] = DECAY * counts[1] + rejected
+                self._pool = [POOL_DECAY * self._pool[0] + accepted[row], POOL_DECAY * self._pool[1] + rejected]
         super().commit(rows, accepted)  # a thrown-away draft was verified empty: 0 accepted

@@ -162,7 +162,7 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
 
 
 def _widen_attention(model: nn.Module) -> None:
-    """Run `model`'s SDPA or eager attention in float64 (`specdec.runtime.wide_attention`), so that
+    """Run `model`'s SDPA or eager attention row by row (`specdec.runtime.wide_attention`), so that
     a verify row's attention output is a one-row step's to the last bit of float32."""
     from specdec.runtime.wide_attention import register_wide_attention
 

@@ -29,8 +29,9 @@ five, where float64 SDPA, which an earlier version ran, took 0.70 and 1.38 ms. E
 few rows at a time, so as not to hold a product per key at once. A prompt's forward
 (`specdec.runtime.whole_prompt`) runs torch's float32 SDPA instead.
 
-Supports grouped keys and values, boolean or additive masks (transformers' or specdec's),
-transformers' causal flag, a logit soft cap (Gemma 2) and attention sinks (gpt-oss's `s_aux`).
+A float64 model's attention runs the same way in float64 throughout. It takes grouped keys and
+values, boolean or additive masks (transformers' or specdec's), transformers' causal flag, a
+logit soft cap (Gemma 2) and attention sinks (gpt-oss's `s_aux`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def exact_rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     mask = _additive(attention_mask, rows, key.shape[2], bool(causal), query.device)  # (B', 1 or H, Q, T) or None
     if sinks is not None:
-        sinks = sinks.to(torch.float32).reshape(heads)
+        sinks = sinks.reshape(heads)
     if torch.compiler.is_compiling():
         out = _rows(query, key, value, mask, scale, softcap, sinks)  # one fused graph: no chunks
     else:
@@ -106,23 +107,24 @@ def _rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     (B, H, q, D) in the query's dtype."""
     batch, heads, rows, size = query.shape
     groups = heads // key.shape[1]
-    grouped = query.to(torch.float32).reshape(batch, key.shape[1], groups, rows, 1, size)  # (B, H_kv, G, q, 1, D)
-    keys = key.to(torch.float32)[:, :, None, None]  # (B, H_kv, 1, 1, T, D)
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32  # a float64 model keeps its precision
+    grouped = query.to(work).reshape(batch, key.shape[1], groups, rows, 1, size)  # (B, H_kv, G, q, 1, D)
+    keys = key.to(work)[:, :, None, None]  # (B, H_kv, 1, 1, T, D)
     scores = (grouped * keys).sum(-1) * scale  # (B, H_kv, G, q, T): per key, a sum over D alone
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:  # (B', 1 or H, q, T) -> (B', 1 or H_kv, 1 or G, q, T)
-        scores = scores + mask.reshape(mask.shape[0], -1 if mask.shape[1] == 1 else key.shape[1],
+        scores = scores + mask.to(work).reshape(mask.shape[0], -1 if mask.shape[1] == 1 else key.shape[1],
                                        1 if mask.shape[1] == 1 else groups, *mask.shape[2:])
     top = scores.amax(-1, keepdim=True)  # (B, H_kv, G, q, 1)
     if sinks is not None:  # a per-head logit that joins every row's softmax and adds no value
-        sink = sinks.reshape(1, key.shape[1], groups, 1, 1)
+        sink = sinks.to(work).reshape(1, key.shape[1], groups, 1, 1)
         top = torch.maximum(top, sink)
     weights = torch.exp(scores - top)  # float32, element by element; 0 where masked
     total = weights.double().sum(-1, keepdim=True)  # (B, H_kv, G, q, 1) in float64
     if sinks is not None:
         total = total + torch.exp(sink - top).double()
-    values = value.to(torch.float32)[:, :, None, None]  # (B, H_kv, 1, 1, T, D)
+    values = value.to(work)[:, :, None, None]  # (B, H_kv, 1, 1, T, D)
     out = (weights[..., None] * values).double().sum(-2) / total  # (B, H_kv, G, q, D) in float64
     return out.to(query.dtype).reshape(batch, heads, rows, size)
 
