@@ -388,6 +388,9 @@ class Engine:
         shape), an undeclared one to the next power of two (a few shapes).
     extra_rows: the most rows a draft's `extra` holds (the drafter's `extra_rows()`, else 0);
         a verify forward with extra rows pads them to this many, after the tree's rows.
+    chain_widths: the row counts a chain's verify forward pads to on a static cache, ascending
+        (`chain_rows`); empty: max_draft + 1 alone, one graph for every draft. `num_draft_tokens=
+        "auto"` adds 2, so that a one-token draft costs a two-row forward.
     """
 
     compile: bool = False
@@ -396,6 +399,17 @@ class Engine:
     draft_nodes: int = 0
     declared: bool = True
     extra_rows: int = 0
+    chain_widths: tuple[int, ...] = ()
+
+    def chain_rows(self, drafted: int, hidden: bool = False) -> int:
+        """Rows of the verify forward of a chain of `drafted` tokens on a static cache: the last
+        committed token and the draft, padded to the narrowest of `chain_widths` that holds them.
+        No draft takes one row, unless the drafter reads hidden states (`hidden`), which rarely
+        drafts nothing and then takes the widest shape rather than a graph of its own."""
+        if drafted == 0 and not hidden:
+            return 1
+        widths = self.chain_widths or (self.max_draft + 1,)
+        return next((width for width in widths if width > drafted), max(widths[-1], drafted + 1))
 
     def tree_rows(self, nodes: int) -> int:
         """Rows of the verify forward of a tree of `nodes` nodes (the root's row included)."""

@@ -94,6 +94,47 @@ def test_a_drafter_that_pays_keeps_drafting(model):
     assert result.stats.mean_accepted_length > 3
 
 
+class FirstRight(Costly):
+    """Drafts the target's next greedy token, then wrong ids: a one-token draft is always kept, a
+    longer one keeps its first token only."""
+
+    def propose(self, ctx: DraftContext, k: int) -> Draft:
+        self.clock.now += self.per_token * k
+        first = self.model(input_ids=ctx.tokens[None]).logits[0, -1].argmax()[None]
+        return Draft(torch.cat([first, (first.repeat(k - 1) + 1) % ctx.vocab_size]))
+
+
+def test_auto_drafts_one_token_when_one_pays_and_more_do_not(model):
+    plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
+    clock = Clock()
+    drafter = AutoDraft(FirstRight(model, clock, per_token=0.002, right=True), clock=clock)
+    result = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
+    assert result.tokens == plain
+    whys = [why for _, why in drafter.decisions]
+    chosen = whys[5:]  # after measuring two long drafting steps, a plain one and two of one token
+    assert whys[3].startswith("measuring a drafting step of one token")
+    # a plain step costs 5 ms, a drafted token 2 more: one token, 1.4 plain steps for up to 2 tokens; four, 2.6
+    assert sum(why.startswith("drafting one token") for why in chosen) > len(chosen) // 2, whys
+    assert result.stats.mean_accepted_length > 1.5
+
+
+def test_a_one_token_draft_runs_the_compiled_two_row_verify(model, strict_compile, monkeypatch):
+    plain = specdec.generate(model, PROMPT, max_new_tokens=16).tokens
+    lm = specdec.CausalLM(model)
+    widths: list[int] = []
+    forward = specdec.CausalLM.forward
+
+    def spy(self, input_ids, keep, hidden=(), rows=None):
+        widths.append(rows)
+        return forward(self, input_ids, keep, hidden, rows)
+
+    monkeypatch.setattr(specdec.CausalLM, "forward", spy)
+    result = specdec.generate(lm, PROMPT, drafter=AutoDraft(specdec.make_drafter("ngram")), max_new_tokens=16,
+                              compile=True)
+    assert lm.compiled and result.tokens == plain
+    assert {2, 5} <= set(widths) <= {None, 1, 2, 5}, widths  # the prefill (None), plain, one token, four
+
+
 @pytest.mark.parametrize("pays", [False, True], ids=["costly", "paying"])
 def test_an_auto_drafter_starts_the_next_generation_from_what_it_measured(model, pays):
     plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens

@@ -7,22 +7,26 @@ ones, in T_spec(B) seconds (draft, verify and sampling together), against B toke
 T_plain(B) for a plain step (Leviathan et al. 2023, §3.4, where the same trade sets the best k;
 Chen et al. 2023's cost coefficient c is T_spec / T_plain here, measured rather than assumed).
 With a row's per-token acceptance α_r (i.i.d. acceptance, as those papers model it) a draft of
-k tokens keeps E[a] = α + α² + … + α^k of them (`expected_accepted`). The loop drafts (each
-row its own length, from the adaptive schedule of `specdec.decoding.adaptive`) when
+k tokens keeps E[a] = α + α² + … + α^k of them (`expected_accepted`). Each step is one of three
+kinds: plain; one token per row (`SHORT`, for a chain drafter: the engine verifies a one-token
+chain in a 2-row forward, `Engine.chain_widths`, which near the bandwidth floor costs about a
+plain step); or each row its own length from the adaptive schedule of
+`specdec.decoding.adaptive` (`LONG`, verified in the k + 1-row forward). The loop takes the
+drafting kind expected to emit the most tokens per second when it beats a plain step,
 
-    Σ_r (1 + E_r[a]) / T_spec(B) > B / T_plain(B)                                   (`drafting_pays`)
+    Σ_r (1 + E_r[a]) / T_kind(B) > B / T_plain(B)                                   (`drafting_pays`)
 
-and takes a plain step otherwise, per step and per batch size, down to no draft at all.
+and a plain step otherwise, per step and per batch size, down to no draft at all.
 
 Estimates. α_r is a Beta(1, 1)-smoothed ratio of accepted tokens to accepted tokens plus
 rejections, its counts decayed by `DECAY` each step so it follows the text (Medusa's and
 EAGLE's acceptance moves with it). T_spec(B) and T_plain(B) are exponentially averaged wall
 seconds of the steps of each kind at B rows (a drafting step where no row drafted anything
-counts as a plain one); a step during which anything compiled is left out. Exploration: before
-both times are known at a batch size, the loop measures each (a plain step after the first
-drafting steps); while drafting is off it probes one drafting step after `PROBE_FIRST` plain
-steps, the interval doubling up to `PROBE_LAST` while the probes confirm it, so a drafter that
-starts to pay again is seen.
+counts as a plain one, one where every row drafted one token as a short one); a step during
+which anything compiled is left out. Exploration: before the times are known at a batch size,
+the loop measures each kind (two drafting steps, a plain one, two of one token); while drafting
+is off it probes one drafting step after `PROBE_FIRST` plain steps, the interval doubling up to
+`PROBE_LAST` while the probes confirm it, so a drafter that starts to pay again is seen.
 
 Memory. One `AutoDraft` keeps what it measured from one generation to the next (the bench and a
 server reuse theirs): the step times, the probe interval reached, and the drafter's acceptance
@@ -52,8 +56,8 @@ from specdec.protocols import Capability, Drafter, Rows, declares
 from specdec.trees import depths
 from specdec.types import Draft
 
-__all__ = ["AUTO_DRAFT_MAX", "DECAY", "POOL_DECAY", "PRIOR_WEIGHT", "PROBE_FIRST", "PROBE_LAST", "AutoDraft",
-           "acceptance", "drafting_pays", "expected_accepted", "prior_counts"]
+__all__ = ["AUTO_DRAFT_MAX", "DECAY", "LONG", "PLAIN", "POOL_DECAY", "PRIOR_WEIGHT", "PROBE_FIRST", "PROBE_LAST",
+           "SHORT", "AutoDraft", "acceptance", "drafting_pays", "expected_accepted", "prior_counts"]
 
 AUTO_DRAFT_MAX = 4  # the longest draft of `num_draft_tokens="auto"` (the compiled verify's width is this + 1)
 DECAY = 0.9  # per step, on a row's acceptance counts
@@ -93,26 +97,28 @@ def drafting_pays(alphas: Sequence[float], lengths: Sequence[int], spec_seconds:
     return tokens * plain_seconds > len(alphas) * spec_seconds
 
 
+PLAIN, SHORT, LONG = "plain", "short", "long"  # a step's kind: no draft, one token per row, the schedule's lengths
+
+
 @dataclasses.dataclass
 class _Times:
-    """Running step seconds at one batch size."""
+    """Running step seconds at one batch size, by kind of step, and how many steps measured each."""
 
-    spec: float | None = None
-    plain: float | None = None
-    spec_samples: int = 0
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    samples: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def add(self, kind: str, seconds: float) -> None:
-        old = getattr(self, kind)
-        setattr(self, kind, seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds)
-        if kind == "spec":
-            self.spec_samples += 1
+        old = self.seconds.get(kind)
+        self.seconds[kind] = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
+        self.samples[kind] = self.samples.get(kind, 0) + 1
 
 
 class AutoDraft(AdaptiveDraftLength):
-    """`inner` drafting only when it pays (the module docstring): each row's length from the
-    adaptive schedule, capped by the loop's k, and no draft when a plain step emits more tokens
-    per second. `decisions` records row 0's steps: (drafted?, why). `clock` gives the seconds
-    steps are timed by (a test's own clock)."""
+    """`inner` drafting only when it pays (the module docstring): each step is plain, a one-token
+    draft per row (`SHORT`, a chain drafter's, which the engine verifies in 2 rows) or each row's
+    length from the adaptive schedule (`LONG`, capped by the loop's k), whichever is expected to
+    emit the most tokens per second. `decisions` records row 0's steps: (drafted?, why). `clock`
+    gives the seconds steps are timed by (a test's own clock)."""
 
     def __init__(self, inner: Drafter | Any, start: int = AUTO_DRAFT_MAX,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -121,8 +127,10 @@ class AutoDraft(AdaptiveDraftLength):
         self.name = f"{getattr(self.inner, 'name', type(self.inner).__name__)}:k=auto"
         self._alpha: dict[int, list[float]] = {}  # row -> [decayed accepted tokens, decayed rejections]
         self._pool = [0.0, 0.0]  # the same, pooled over every row and generation (`POOL_DECAY`)
-        self._times: dict[int, _Times] = {}  # batch size -> running step seconds
+        self._times: dict[int, _Times] = {}  # batch size -> running step seconds by kind
         self._step: tuple[int, str, float, float] | None = None  # (batch size, kind, start, compile seconds then)
+        self._short = False  # whether this generation's engine verifies a one-token chain in 2 rows
+        self._trees = False  # whether the drafter, asked for one token, drafted a tree (then no 2-row verify)
         self._off = 0  # plain steps taken in a row
         self._probe = PROBE_FIRST
         self.decisions: list[tuple[bool, str]] = []
@@ -131,39 +139,55 @@ class AutoDraft(AdaptiveDraftLength):
         super().prefill(rows)  # the step times and the probe interval carry over (the module docstring)
         self._alpha = {row: prior_counts(self._pool) for row in rows}
         self._step, self._off, self.decisions = None, 0, []
+        engine = next(iter(rows.values())).engine if rows else None
+        self._short = engine is not None and 2 in engine.chain_widths and not self._trees
 
-    def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[bool, str]:
-        """Whether this step drafts, and why, from the running estimates at this batch size."""
+    def _options(self, rows: Rows, lengths: Mapping[int, int]) -> dict[str, tuple[float, dict[int, int]]]:
+        """Each kind of drafting step on offer: (tokens it is expected to emit, each row's length)."""
+        alphas = {row: acceptance(*self._alpha.get(row, prior_counts(self._pool))) for row in rows}
+        options = {LONG: (sum(1.0 + expected_accepted(alphas[r], lengths[r]) for r in rows), dict(lengths))}
+        if self._short and max(lengths.values()) > 1:
+            options[SHORT] = (sum(1.0 + alphas[r] for r in rows), dict.fromkeys(rows, 1))
+        return options
+
+    def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[str, dict[int, int], str]:
+        """This step's kind, each row's length and why, from the running estimates at this batch size."""
         times = self._times.setdefault(len(rows), _Times())
-        alphas = [acceptance(*self._alpha.get(row, prior_counts(self._pool))) for row in rows]
-        if times.spec is None:
-            return True, "measuring a drafting step"
-        if times.plain is None:
-            if times.spec_samples < 2:
-                return True, "measuring a drafting step"
-            return False, "measuring a plain step"
-        spec_tokens = sum(1.0 + expected_accepted(a, lengths[r]) for a, r in zip(alphas, rows))
-        pays = drafting_pays(alphas, [lengths[r] for r in rows], times.spec, times.plain)
-        why = (f"drafting: {spec_tokens:.2f} tokens expected in {1e3 * times.spec:.1f} ms against "
-               f"{len(alphas)} in {1e3 * times.plain:.1f} ms plain")
-        if pays:
+        options = self._options(rows, lengths)
+        measuring = "measuring a drafting step"
+        if times.samples.get(LONG, 0) < 2 and PLAIN not in times.seconds:
+            return LONG, options[LONG][1], measuring
+        if PLAIN not in times.seconds:
+            return PLAIN, {}, "measuring a plain step"
+        for kind in options:  # a kind of step not measured twice yet
+            if times.samples.get(kind, 0) < 2:
+                return kind, options[kind][1], measuring + (" of one token" if kind == SHORT else "")
+        plain = times.seconds[PLAIN]
+        best = max(options, key=lambda kind: options[kind][0] / times.seconds[kind])
+        tokens, best_lengths = options[best]
+        spec = times.seconds[best]
+        why = (f"drafting{' one token' if best == SHORT else ''}: {tokens:.2f} tokens expected in {1e3 * spec:.1f} ms "
+               f"against {len(rows)} in {1e3 * plain:.1f} ms plain")
+        if tokens * plain > len(rows) * spec:  # `drafting_pays`
             self._off, self._probe = 0, PROBE_FIRST
-            return True, why
+            return best, best_lengths, why
         if self._off >= self._probe:  # probe: acceptance may have risen
             self._off, self._probe = 0, min(2 * self._probe, PROBE_LAST)
-            return True, why.replace("drafting", "probing", 1) + " (drafting is off; this step checks it again)"
+            return best, best_lengths, why.replace("drafting", "probing", 1) + \
+                " (drafting is off; this step checks it again)"
         self._off += 1
-        return False, why.replace("drafting", "plain step", 1)
+        return PLAIN, {}, why.replace("drafting", "plain step", 1).replace(" one token", "", 1)
 
     def propose(self, rows: Rows, k: Mapping[int, int]) -> Mapping[int, Draft]:
         from specdec.runtime.engine import compile_seconds
 
         lengths = {row: max(1, min(self._k.get(row, self.start), k[row])) for row in rows}
-        drafting, why = self._decide(rows, lengths)
-        if 0 in lengths:
+        kind, lengths, why = self._decide(rows, lengths)
+        drafting = kind != PLAIN
+        if 0 in rows:
             self.requested.append(lengths[0] if drafting else 0)
             self.decisions.append((drafting, why))
-        self._step = (len(rows), "spec" if drafting else "plain", self.clock(), compile_seconds())
+        self._step = (len(rows), kind, self.clock(), compile_seconds())
         if drafting:
             drafts = dict(self.inner.propose(rows, lengths))
         elif declares(self.inner, Capability.STATE):  # keep its state in step: one token, thrown away
@@ -180,8 +204,15 @@ class AutoDraft(AdaptiveDraftLength):
 
         if self._step is not None:
             size, kind, start, compiled = self._step
-            if not any(draft.tokens.shape[0] for draft in self._drafts.values()):
-                kind = "plain"  # nothing drafted (a prompt lookup without a match): the verify was a plain step
+            drafted = [draft for draft in self._drafts.values() if draft.tokens.shape[0]]
+            if not drafted:
+                kind = PLAIN  # nothing drafted (a prompt lookup without a match): the verify was a plain step
+            elif self._short and all(draft.parents is None and draft.tokens.shape[0] == 1 for draft in drafted):
+                kind = SHORT  # one token in every row: the verify ran the 2-row shape
+            else:
+                if kind == SHORT:  # asked for one token, it drafted a tree: no 2-row verify for this drafter
+                    self._short, self._trees = False, True
+                kind = LONG
             if compile_seconds() == compiled:  # a step during which a graph compiled says nothing of its cost
                 self._times.setdefault(size, _Times()).add(kind, self.clock() - start)
             self._step = None
@@ -189,10 +220,16 @@ class AutoDraft(AdaptiveDraftLength):
             draft = self._drafts.get(row)
             if draft is not None and draft.tokens.shape[0]:
                 counts = self._alpha.setdefault(row, prior_counts(self._pool))
-                proposed = int(draft.tokens.shape[0]) if draft.parents is None else \
-                    max(depths(draft.parents.tolist()), default=0)  # a tree: kept whole when a path reaches its depth
+                proposed = _reach(draft)  # a tree: kept whole when a path reaches its depth
                 rejected = 1.0 if accepted[row] < proposed else 0.0
                 counts[0] = DECAY * counts[0] + accepted[row]
                 counts[1] = DECAY * counts[1] + rejected
                 self._pool = [POOL_DECAY * self._pool[0] + accepted[row], POOL_DECAY * self._pool[1] + rejected]
         super().commit(rows, accepted)  # a thrown-away draft was verified empty: 0 accepted
+
+
+def _reach(draft: Draft) -> int:
+    """How deep a draft reaches: a chain's length, a tree's deepest node's depth."""
+    if draft.parents is None:
+        return int(draft.tokens.shape[0])
+    return max(depths(draft.parents.tolist()), default=0)

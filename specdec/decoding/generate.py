@@ -132,7 +132,8 @@ def _generate(lm: CausalLM, prompts: list[torch.Tensor], drafter: Any, num_draft
     name = drafter_name(resolved)
     stop_ids = _eos_ids(eos_token_id, lm.vocab_size)
     k = limit if resolved is not None else 0
-    engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in prompts) + max_new_tokens, compile)
+    engine = engine_for(resolved, k, max(prompt.shape[0] for prompt in prompts) + max_new_tokens, compile,
+                        isinstance(resolved, AutoDraft))
     if compile and lm.static_obstacle is not None:
         import warnings
 
@@ -203,13 +204,15 @@ def agreed_rule(lm: CausalLM, rule: str) -> str:
     return rule if lm.ranks is None else VERIFY_RULES[lm.ranks.agree_value(VERIFY_RULES.index(rule))]
 
 
-def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool) -> Engine:
+def engine_for(drafter: Drafter | None, k: int, max_length: int, compile: bool, short_chains: bool = False) -> Engine:
     """The Engine of a generation: `max_length` committed tokens at most, the loop's k, and the
-    drafter's declared tree budget and extra rows (`Capability.TREES`, `Capability.EXTRA_ROWS`)."""
+    drafter's declared tree budget and extra rows (`Capability.TREES`, `Capability.EXTRA_ROWS`).
+    `short_chains` (num_draft_tokens="auto", which chooses between one token and k) verifies a
+    one-token chain in a forward of 2 rows rather than k + 1."""
     nodes = _draft_nodes(drafter, k)
     return Engine(compile=compile, max_length=max_length, max_draft=k,
                   draft_nodes=nodes if nodes is not None else max(k, UNDECLARED_NODES), declared=nodes is not None,
-                  extra_rows=_extra_rows(drafter, k))
+                  extra_rows=_extra_rows(drafter, k), chain_widths=(2, k + 1) if short_chains and k > 1 else ())
 
 
 def _draft_nodes(drafter: Drafter | None, k: int) -> int | None:

@@ -157,7 +157,7 @@ class BatchLM:
         live = [feed for feed in feeds if feed is not None]
         tree = any(feed.tree for feed in live)
         longest = max((feed.draft.shape[0] for feed in live), default=0)
-        width = engine.tree_rows(longest) if tree else engine.max_draft + 1 if longest else 1  # root included
+        width = engine.tree_rows(longest) if tree else engine.chain_rows(longest)  # root included
         rows = width + (engine.extra_rows if tree else 0)
         ids, positions, visible = self._lay_out(feeds, width, rows)
         # a tree's rows reach depth 1 + its deepest node's (padding nodes hang off the root: 2); at

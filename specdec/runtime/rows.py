@@ -134,10 +134,9 @@ class OneRow:
             tree = lm.forward_tree(ids, parents, rows=engine.tree_rows(n), hidden=layers, extra=padded)
             extra = None if feed.extra is None or tree.extra is None else tree.extra[: feed.extra.tokens.shape[0]]
             return Verified([tree], None, [tree.states], [extra])
-        # one shape for every draft, one for none; a drafter reading hidden states drafts nothing only
-        # rarely (at the budget's end, or before it has a state to draft from), which takes the k + 1-row
-        # shape rather than a graph of its own
-        rows = engine.max_draft + 1 if (n or layers) and lm.static else n + 1
+        # one shape per chain width (`Engine.chain_rows`: k + 1, and 2 under num_draft_tokens="auto"),
+        # one for none
+        rows = engine.chain_rows(n, bool(layers)) if lm.static else n + 1
         ids = torch.cat([ids, ids.new_zeros(rows - n - 1)])  # (rows,) the padding rows are rolled back unseen
         logits, states = lm.forward(ids, keep=rows, hidden=layers, rows=rows)  # (rows, V): one graph whatever n
         logits = logits[: n + 1]
