@@ -404,8 +404,8 @@ class Engine:
     def chain_rows(self, drafted: int, hidden: bool = False) -> int:
         """Rows of the verify forward of a chain of `drafted` tokens on a static cache: the last
         committed token and the draft, padded to the narrowest of `chain_widths` that holds them.
-        No draft takes one row, unless the drafter reads hidden states (`hidden`), which rarely
-        drafts nothing and then takes the widest shape rather than a graph of its own."""
+        No draft takes one row, unless the drafter reads hidden states (`hidden`): then the narrowest
+        width (k + 1, or 2 under "auto"), so that it needs no graph of its own."""
         if drafted == 0 and not hidden:
             return 1
         widths = self.chain_widths or (self.max_draft + 1,)

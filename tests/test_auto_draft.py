@@ -118,15 +118,24 @@ def test_auto_drafts_one_token_when_one_pays_and_more_do_not(model):
     assert result.stats.mean_accepted_length > 1.5
 
 
+def test_a_schedule_of_one_token_drafts_is_measured_and_turned_off(model):
+    clock = Clock()
+    drafter = AutoDraft(Costly(model, clock, per_token=0.010, right=False), start=1, clock=clock)
+    specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
+    drafted = [d for d, _ in drafter.decisions]
+    # every step asked for is one token, timed as a short step: measured twice, then off but for probes
+    assert drafted[:3] == [True, True, False] and drafted.count(True) < len(drafted) // 3, drafter.decisions
+
+
 def test_a_one_token_draft_runs_the_compiled_two_row_verify(model, strict_compile, monkeypatch):
     plain = specdec.generate(model, PROMPT, max_new_tokens=16).tokens
     lm = specdec.CausalLM(model)
     widths: list[int] = []
     forward = specdec.CausalLM.forward
 
-    def spy(self, input_ids, keep, hidden=(), rows=None):
+    def spy(self, input_ids, keep, hidden=(), rows=None, prompt=False):
         widths.append(rows)
-        return forward(self, input_ids, keep, hidden, rows)
+        return forward(self, input_ids, keep, hidden, rows, prompt)
 
     monkeypatch.setattr(specdec.CausalLM, "forward", spy)
     result = specdec.generate(lm, PROMPT, drafter=AutoDraft(specdec.make_drafter("ngram")), max_new_tokens=16,
@@ -175,4 +184,5 @@ def test_auto_on_the_compiled_engine_is_plain_decoding(model, strict_compile):
     assert lm.compiled, "the run did not decode on the compiled engine"
     assert result.tokens == plain and result.stats.drafted > 0
     # both step costs were measured on the compiled graphs (the compiling steps left out), and compared
-    assert any(why.startswith(("drafting:", "plain step:")) for _, why in drafter.decisions), drafter.decisions
+    assert any(why.startswith(("drafting:", "drafting one token:", "plain step:")) for _, why in drafter.decisions), \
+        drafter.decisions

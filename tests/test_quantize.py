@@ -18,7 +18,7 @@ from specdec.drafters import DraftModelDrafter
 from specdec.runtime import packed as packing
 from specdec.runtime.quantize import EXACT_TOP, Int8Linear, quantize, quantized_scheme
 from specdec.runtime.whole_prompt import in_whole_prompt, whole_prompt
-from specdec.runtime.wide_attention import WIDE_ATTENTION
+from specdec.runtime.exact_attention import EXACT_ROWS
 
 PROMPT = [3, 9, 4, 3, 9, 4, 3, 9, 11, 2]  # repetitive: prompt lookup drafts
 NEW = 16
@@ -96,7 +96,7 @@ def test_quantize_replaces_every_linear_layer_and_unties_the_head():
     after = sum(p.numel() * p.element_size() for p in model.parameters())
     assert after < 0.6 * before and quantized_scheme(model) == "int8"
     assert model.get_output_embeddings().exact_top == EXACT_TOP and model.model.layers[0].mlp.up_proj.exact_top == 0
-    assert model.config._attn_implementation == WIDE_ATTENTION
+    assert model.config._attn_implementation == EXACT_ROWS
     gpt2 = _int8("gpt2")
     assert not any(isinstance(m, (torch.nn.Linear, Conv1D)) for m in gpt2.modules())
 

@@ -250,7 +250,7 @@ class DraftModelRow:
         self._columns = None
         ids = self._context_ids(ctx)
         if ids.shape[0] > 1:  # eager: the prompt's length varies
-            self.lm.forward(ids[:-1], keep=1)
+            self.lm.forward(ids[:-1], keep=1, prompt=True)
         if self.translation is not None:
             self.translation.held = ids[:-1].tolist()
 

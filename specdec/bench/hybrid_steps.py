@@ -62,7 +62,7 @@ def measure(model: PreTrainedModel, mode: str, accepted: int, steps: int = 40, w
     lm.reset(None if mode == "dynamic" else -(-capacity // 256) * 256, compile=mode == "compiled")
     times = []
     with torch.inference_mode():
-        lm.forward(prefix, keep=1)
+        lm.forward(prefix, keep=1, prompt=True)
         for _ in range(steps + warmup):
             base = lm.cache_length
             start = time.perf_counter()

@@ -102,15 +102,16 @@ PLAIN, SHORT, LONG = "plain", "short", "long"  # a step's kind: no draft, one to
 
 @dataclasses.dataclass
 class _Times:
-    """Running step seconds at one batch size, by kind of step, and how many steps measured each."""
+    """Running step seconds at one batch size on one engine, by the kind a step turned out to be,
+    and how many steps of each kind were asked for (a step asked to draft that drafted nothing,
+    or one token only, is timed as the kind it turned out to be, and counts as asked all the same)."""
 
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    samples: dict[str, int] = dataclasses.field(default_factory=dict)
+    asked: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def add(self, kind: str, seconds: float) -> None:
         old = self.seconds.get(kind)
         self.seconds[kind] = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
-        self.samples[kind] = self.samples.get(kind, 0) + 1
 
 
 class AutoDraft(AdaptiveDraftLength):
@@ -127,10 +128,11 @@ class AutoDraft(AdaptiveDraftLength):
         self.name = f"{getattr(self.inner, 'name', type(self.inner).__name__)}:k=auto"
         self._alpha: dict[int, list[float]] = {}  # row -> [decayed accepted tokens, decayed rejections]
         self._pool = [0.0, 0.0]  # the same, pooled over every row and generation (`POOL_DECAY`)
-        self._times: dict[int, _Times] = {}  # batch size -> running step seconds by kind
-        self._step: tuple[int, str, float, float] | None = None  # (batch size, kind, start, compile seconds then)
+        self._times: dict[tuple[Any, int], _Times] = {}  # (engine, batch size) -> step seconds by kind
+        self._engine: tuple[Any, ...] = ()  # this generation's engine, as the step times depend on it
+        self._step: tuple[_Times, str, float, float] | None = None  # (its times, kind, start, compile seconds then)
         self._short = False  # whether this generation's engine verifies a one-token chain in 2 rows
-        self._trees = False  # whether the drafter, asked for one token, drafted a tree (then no 2-row verify)
+        self._wide = False  # whether the drafter, asked for one token, drafted a tree or extra rows (no 2-row verify)
         self._off = 0  # plain steps taken in a row
         self._probe = PROBE_FIRST
         self.decisions: list[tuple[bool, str]] = []
@@ -140,34 +142,44 @@ class AutoDraft(AdaptiveDraftLength):
         self._alpha = {row: prior_counts(self._pool) for row in rows}
         self._step, self._off, self.decisions = None, 0, []
         engine = next(iter(rows.values())).engine if rows else None
-        self._short = engine is not None and 2 in engine.chain_widths and not self._trees
+        self._engine = () if engine is None else (engine.compile, engine.max_draft, engine.chain_widths,
+                                                   engine.draft_nodes, engine.extra_rows)
+        self._short = engine is not None and 2 in engine.chain_widths and not self._wide
 
     def _options(self, rows: Rows, lengths: Mapping[int, int]) -> dict[str, tuple[float, dict[int, int]]]:
-        """Each kind of drafting step on offer: (tokens it is expected to emit, each row's length)."""
+        """Each kind of drafting step on offer: (tokens it is expected to emit, each row's length).
+        Where every row's scheduled length is one token, that is a short step."""
         alphas = {row: acceptance(*self._alpha.get(row, prior_counts(self._pool))) for row in rows}
+        short = (sum(1.0 + alphas[r] for r in rows), dict.fromkeys(rows, 1))
+        if self._short and max(lengths.values()) == 1:
+            return {SHORT: short}
         options = {LONG: (sum(1.0 + expected_accepted(alphas[r], lengths[r]) for r in rows), dict(lengths))}
-        if self._short and max(lengths.values()) > 1:
-            options[SHORT] = (sum(1.0 + alphas[r] for r in rows), dict.fromkeys(rows, 1))
-        return options
+        return {**options, SHORT: short} if self._short else options
 
-    def _decide(self, rows: Rows, lengths: Mapping[int, int]) -> tuple[str, dict[int, int], str]:
-        """This step's kind, each row's length and why, from the running estimates at this batch size."""
-        times = self._times.setdefault(len(rows), _Times())
+    def _decide(self, times: _Times, rows: Rows, lengths: Mapping[int, int]) -> tuple[str, dict[int, int], str]:
+        """This step's kind, each row's length and why, from the running estimates `times` (this
+        engine's, at this batch size) and the rows' acceptance."""
         options = self._options(rows, lengths)
+        first = next(iter(options))  # the schedule's own kind
         measuring = "measuring a drafting step"
-        if times.samples.get(LONG, 0) < 2 and PLAIN not in times.seconds:
-            return LONG, options[LONG][1], measuring
+        if times.asked.get(first, 0) < 2 and PLAIN not in times.seconds:
+            return first, options[first][1], measuring
         if PLAIN not in times.seconds:
             return PLAIN, {}, "measuring a plain step"
-        for kind in options:  # a kind of step not measured twice yet
-            if times.samples.get(kind, 0) < 2:
+        for kind in options:  # a kind of step not asked for twice yet
+            if times.asked.get(kind, 0) < 2:
                 return kind, options[kind][1], measuring + (" of one token" if kind == SHORT else "")
         plain = times.seconds[PLAIN]
-        best = max(options, key=lambda kind: options[kind][0] / times.seconds[kind])
-        tokens, best_lengths = options[best]
-        spec = times.seconds[best]
-        why = (f"drafting{' one token' if best == SHORT else ''}: {tokens:.2f} tokens expected in {1e3 * spec:.1f} ms "
-               f"against {len(rows)} in {1e3 * plain:.1f} ms plain")
+        priced = [kind for kind in options if kind in times.seconds]
+        if not priced:  # every drafting step asked for drafted nothing: none to time it by
+            best, (tokens, best_lengths), spec = first, options[first], float("inf")
+            why = "drafting: no drafting step has drafted anything yet"
+        else:
+            best = max(priced, key=lambda kind: options[kind][0] / times.seconds[kind])
+            tokens, best_lengths = options[best]
+            spec = times.seconds[best]
+            why = (f"drafting{' one token' if best == SHORT else ''}: {tokens:.2f} tokens expected in "
+                   f"{1e3 * spec:.1f} ms against {len(rows)} in {1e3 * plain:.1f} ms plain")
         if tokens * plain > len(rows) * spec:  # `drafting_pays`
             self._off, self._probe = 0, PROBE_FIRST
             return best, best_lengths, why
@@ -182,12 +194,14 @@ class AutoDraft(AdaptiveDraftLength):
         from specdec.runtime.engine import compile_seconds
 
         lengths = {row: max(1, min(self._k.get(row, self.start), k[row])) for row in rows}
-        kind, lengths, why = self._decide(rows, lengths)
+        times = self._times.setdefault((self._engine, len(rows)), _Times())
+        kind, lengths, why = self._decide(times, rows, lengths)
+        times.asked[kind] = times.asked.get(kind, 0) + 1
         drafting = kind != PLAIN
         if 0 in rows:
             self.requested.append(lengths[0] if drafting else 0)
             self.decisions.append((drafting, why))
-        self._step = (len(rows), kind, self.clock(), compile_seconds())
+        self._step = (times, kind, self.clock(), compile_seconds())
         if drafting:
             drafts = dict(self.inner.propose(rows, lengths))
         elif declares(self.inner, Capability.STATE):  # keep its state in step: one token, thrown away
@@ -203,18 +217,19 @@ class AutoDraft(AdaptiveDraftLength):
         from specdec.runtime.engine import compile_seconds
 
         if self._step is not None:
-            size, kind, start, compiled = self._step
+            times, kind, start, compiled = self._step
             drafted = [draft for draft in self._drafts.values() if draft.tokens.shape[0]]
             if not drafted:
                 kind = PLAIN  # nothing drafted (a prompt lookup without a match): the verify was a plain step
-            elif self._short and all(draft.parents is None and draft.tokens.shape[0] == 1 for draft in drafted):
+            elif self._short and all(draft.parents is None and draft.extra is None and draft.tokens.shape[0] == 1
+                                     for draft in drafted):
                 kind = SHORT  # one token in every row: the verify ran the 2-row shape
             else:
-                if kind == SHORT:  # asked for one token, it drafted a tree: no 2-row verify for this drafter
-                    self._short, self._trees = False, True
+                if kind == SHORT:  # asked for one token, it drafted a tree or extra rows: no 2-row verify for it
+                    self._short, self._wide = False, True
                 kind = LONG
             if compile_seconds() == compiled:  # a step during which a graph compiled says nothing of its cost
-                self._times.setdefault(size, _Times()).add(kind, self.clock() - start)
+                times.add(kind, self.clock() - start)
             self._step = None
         for row in rows:
             draft = self._drafts.get(row)

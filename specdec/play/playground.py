@@ -104,6 +104,8 @@ class Playground:
         # (name, shape) -> the one instance serving it; tree instances are made on first use
         self._made: dict[tuple[str, str], Drafter] = {(c.name, "chain"): c.drafter for c in choices
                                                       if c.available and c.drafter is not None}
+        # drafter instance id -> its `auto` wrapper, which keeps its step times and acceptance across requests
+        self._autos: dict[int, Drafter] = {}
         self.limits = limits
         self.title = title
         self.example = example
@@ -260,15 +262,17 @@ class Playground:
                         max_new_tokens=budget, sampling=sampling, eos_token_id=self.eos if eos else None,
                         seed=seed, trace=trace, verify_rule=self.verify_rule, tokenizer=self.tokenizer)
 
-    @staticmethod
-    def _auto(drafter: Drafter | None, draft_length: str) -> Drafter | None:
+    def _auto(self, drafter: Drafter | None, draft_length: str) -> Drafter | None:
         """`drafter`, drafting up to k tokens only when it pays (`specdec.decoding.auto_draft`) under
-        draft_length "auto"."""
+        draft_length "auto": one wrapper per drafter instance, so that what it measured (step times,
+        acceptance) carries from one request to the next, as in the bench."""
         if drafter is None or draft_length != "auto":
             return drafter
         from specdec.decoding.auto_draft import AutoDraft
 
-        return AutoDraft(drafter)  # type: ignore[return-value]
+        if id(drafter) not in self._autos:
+            self._autos[id(drafter)] = AutoDraft(drafter)  # type: ignore[assignment]
+        return self._autos[id(drafter)]
 
     def _drafter(self, name: str, shape: str) -> Drafter | None:
         """The drafter `name` (None for plain decoding) in `shape`: made once per server (a chain's

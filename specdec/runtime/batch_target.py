@@ -17,10 +17,9 @@ Chains and trees take one path: a chain is a chain-shaped tree (`specdec.trees.v
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -257,7 +256,7 @@ class BatchLM:
         args = (self.kv.cache, ids, rows if keep is None else keep, hidden, mask, positions)
         # a first write allocates the cache (never compiled); a prefill's shape varies
         compiled = fixed and self.kv.initialized
-        prompt = whole_prompt() if padding is not None else contextlib.nullcontext()  # a prefill: compared with nothing
+        prompt = whole_prompt() if padding is not None else nullcontext()  # a prefill: compared with nothing
         with grouped_attention(self.lm.device), prompt:
             logits, states = self._step(*args) if compiled else model_forward(self.lm.model, *args)
         self.kv.advanced(rows, positions)

@@ -14,7 +14,7 @@ from transformers.cache_utils import (DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLa
 from specdec.runtime.cache import new_cache
 from specdec.runtime.linear import LinearStates, served_layers
 from specdec.runtime.windows import attention_kinds
-from specdec.runtime.wide_attention import WIDE_ATTENTION
+from specdec.runtime.exact_attention import EXACT_ROWS
 
 __all__ = ["static_obstacle", "tree_obstacle", "uncroppable_layers"]
 
@@ -41,7 +41,7 @@ def uncroppable_layers(model: PreTrainedModel) -> list[str]:
     return sorted(kinds)
 
 
-_TREE_ATTENTION = ("eager", "sdpa", WIDE_ATTENTION)  # implementations that take a custom 4D additive mask
+_TREE_ATTENTION = ("eager", "sdpa", EXACT_ROWS)  # implementations that take a custom 4D additive mask
 
 
 def tree_obstacle(model: PreTrainedModel, cache: Cache) -> str | None:

@@ -19,12 +19,12 @@ bfloat16 element by element, and the product's rows do not depend on how many ro
 
 The kernel rounds its outputs to bfloat16, 8 bits of mantissa: on an LM head that makes the two
 largest logits equal often enough (at a logit of 30 the step is 0.125) that greedy decoding would
-pick between them by the rounding of the steps before, which differ in their last bits between a
-verify and a one-row step (attention's products, like any float products, are not the same bits
-for 5 rows and for 1). So the LM head recomputes each row's `EXACT_TOP` largest logits from the
-same inputs and int8 weights in float32 (`Int8Linear.exact_top`): its logits then tie no more
-often than a float32 model's, and greedy decoding is exact as the float32 engine's is, up to
-ties within a few units in the last place of float32.
+pick between them by the rounding of the steps before, where any last-bit difference between a
+verify and a one-row step (an engine's kernels for other shapes) decides the token. So the LM head
+recomputes each row's `EXACT_TOP` largest logits from the same inputs and int8 weights in
+float32 (`Int8Linear.exact_top`): its logits then tie no more often than a float32 model's. The
+attention a quantized model runs computes each row on its own (`specdec.runtime.exact_attention`),
+so a verify row's inputs to the head are a one-row step's to the last bit.
 
 A prompt's forward (`specdec.runtime.whole_prompt`) is compared with no other, so its products
 run oneDNN's bfloat16 GEMM on the dequantized weights instead: 2.6x the int8 kernel's speed on a
@@ -156,19 +156,19 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
     for part in {id(c): c for c in (config, text) if c is not None}.values():
         if getattr(part, "tie_word_embeddings", False):
             part.tie_word_embeddings = False  # the head is its own (int8) weight now: nothing may tie it again
-    _widen_attention(model)
+    _exact_attention_rows(model)
     model._specdec_quantized = scheme  # type: ignore[assignment]
     return model
 
 
-def _widen_attention(model: nn.Module) -> None:
-    """Run `model`'s SDPA or eager attention row by row (`specdec.runtime.wide_attention`), so that
+def _exact_attention_rows(model: nn.Module) -> None:
+    """Run `model`'s SDPA or eager attention row by row (`specdec.runtime.exact_attention`), so that
     a verify row's attention output is a one-row step's to the last bit of float32."""
-    from specdec.runtime.wide_attention import register_wide_attention
+    from specdec.runtime.exact_attention import register_exact_rows
 
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(register_wide_attention())
+        model.set_attn_implementation(register_exact_rows())
 
 
 def quantized_scheme(model: nn.Module) -> str | None:

@@ -116,7 +116,7 @@ class OneRow:
         lm.reset(self.engine.cache_capacity(static=lm.static_eagerly), compile=self.engine.compile)
         hidden = torch.empty(0, len(layers) * lm.hidden_size, dtype=lm.dtype, device=lm.device) if layers else None
         if ids.shape[0] > 0:  # eager: the prompt's length varies from call to call
-            _, hidden = lm.forward(ids, keep=1, hidden=layers)
+            _, hidden = lm.forward(ids, keep=1, hidden=layers, prompt=True)
         self._committed = lm.cache_length
         return [hidden]
 

@@ -185,7 +185,8 @@ class CausalLM:
                              f"needs an explicit 4D mask, but it cannot take one: {self._obstacle}")
 
     def forward(
-        self, input_ids: torch.Tensor, keep: int, hidden: tuple[int, ...] = (), rows: int | None = None
+        self, input_ids: torch.Tensor, keep: int, hidden: tuple[int, ...] = (), rows: int | None = None,
+        prompt: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids [n] after the cached prefix and append them to the cache.
 
@@ -194,6 +195,8 @@ class CausalLM:
         embeddings, i the residual stream entering layer i, num_layers or LAST_LAYER the post-norm
         last layer)
         `rows` (>= n) makes it a fixed-shape step of `rows` positions (see the class docstring).
+        `prompt` marks a prompt's forward (a prefill, compared with no other), which a quantized
+        model runs on its prompt kernels (`specdec.runtime.whole_prompt`).
         """
         n = input_ids.shape[0]
         if not 1 <= keep <= n:
@@ -202,7 +205,8 @@ class CausalLM:
         if self._replay is not None:
             self._replay.record(kv.cache, input_ids)
         if rows is None or not kv.static:
-            return self._run(input_ids, keep, hidden, step=rows is not None, layout=None if rows is None else CHAIN)
+            return self._run(input_ids, keep, hidden, step=rows is not None, layout=None if rows is None else CHAIN,
+                             prompt=prompt)
         if rows < n:
             raise ValueError(f"rows ({rows}) must be at least the {n} ids fed")
         base = kv.length
@@ -400,9 +404,11 @@ class CausalLM:
 
     def _run(self, input_ids: torch.Tensor, keep: int | torch.Tensor, hidden: tuple[int, ...],
              mask: torch.Tensor | dict[str, torch.Tensor] | None = None, positions: torch.Tensor | None = None,
-             step: bool = False, layout: str | TreeLayout | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             step: bool = False, layout: str | TreeLayout | None = None, prompt: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward; `layout` (CHAIN or a TreeLayout) keeps each row's linear-attention state
-        until the commit, None commits the rows at once (a prefill)."""
+        until the commit, None commits the rows at once (a prefill, a replay). `prompt`: a prompt's
+        forward, on a quantized model's prompt kernels (`whole_prompt`)."""
         kv = self._kv
         kv.reserve(input_ids.shape[0], layout)
         if mask is None and self.pipelined:
@@ -411,7 +417,7 @@ class CausalLM:
             positions = self._table_positions(input_ids.shape[0])
         args = (kv.cache, input_ids, keep, hidden, mask, positions)
         run = self._step if step and kv.initialized else None  # a first write allocates: never compiled
-        with whole_prompt() if layout is None else contextlib.nullcontext():  # a prefill: compared with nothing
+        with whole_prompt() if prompt else contextlib.nullcontext():  # a prompt's forward: compared with nothing
             out = run(*args) if run is not None else model_forward(self.model, *args)
         kv.advanced(input_ids.shape[0], positions)
         return out

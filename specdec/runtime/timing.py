@@ -37,7 +37,7 @@ def _median_costs(lm: CausalLM, prefix: torch.Tensor, sizes: list[int], repeats:
     engine = Engine(compile=compile, max_length=prefix.numel() + max(sizes), max_draft=max(sizes))
     capacity = engine.cache_capacity(max(sizes), static=lm.static_eagerly)
     lm.reset(capacity, compile=compile)
-    lm.forward(prefix.to(lm.device), keep=1)
+    lm.forward(prefix.to(lm.device), keep=1, prompt=True)
     base = lm.cache_length
     ordered = sorted(set(sizes))
     inputs = {n: prefix[-1:].repeat(n).to(lm.device) for n in ordered}

@@ -3,13 +3,19 @@ fastest kernels rather than its row-exact ones (`docs/engine.md`, *Quantized wei
 
 A verify row must compute what a one-row step computes, bit for bit, so a quantized model's decode
 steps use products and attention whose rows do not depend on how many rows they have
-(`specdec.runtime.quantize`, `specdec.runtime.wide_attention`). A prompt's forward is never
+(`specdec.runtime.quantize`, `specdec.runtime.exact_attention`). A prompt's forward is never
 compared with another: plain and speculative decoding of the same prompt both run this one
 forward, and both continue from the cache and logits it leaves. So inside `whole_prompt()` an
 int8 product runs oneDNN's bfloat16 GEMM on the dequantized weights and attention runs torch's
-float32 SDPA: on SmolLM2 int8 a 660-token prompt took 2.1 s on the row-exact kernels.
+SDPA (save where a soft cap or sinks keep it on the row-exact attention): a 660-token prompt's
+forward on SmolLM2 int8 took 2.1 s on the row-exact kernels and takes 0.73 s on these.
 
-The mark is per thread, and a compiled graph never reads it (`in_whole_prompt` is False while
+The mark is given explicitly, where a generation feeds its prompt (`CausalLM.forward(...,
+prompt=True)` from the decode loop's prefill, a batch's prefill, a draft model's own prefill),
+never inferred from a forward's shape: a hybrid model's replay of accepted tokens, for one, is
+as long as a prompt and must run the row-exact kernels.
+
+It is per thread, and a compiled graph never reads it (`in_whole_prompt` is False while
 dynamo traces), so a compiled step is always row-exact; prompts run eagerly.
 """
 

@@ -1,8 +1,8 @@
-"""The row-exact attention a quantized model runs (`specdec.runtime.wide_attention`): every query
+"""The row-exact attention a quantized model runs (`specdec.runtime.exact_attention`): every query
 row is the same bits whatever rows come with it (a verify against one-row steps) and wherever its
 visible keys sit (a tree's path among masked siblings against the same path as a chain), eager
-and compiled; it is attention (float64 SDPA's values, grouped heads, masks, causal flag, soft cap,
-sinks); and a prompt's forward (`whole_prompt`) runs torch's float32 SDPA instead."""
+and compiled; it is attention (a float64 softmax's values, grouped heads, masks, causal flag, soft
+cap, sinks); and a prompt's forward (`whole_prompt`) runs torch's float32 SDPA instead."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specdec.runtime.wide_attention import exact_rows_attention
+from specdec.runtime.exact_attention import exact_rows_attention
 from specdec.runtime.whole_prompt import in_whole_prompt, whole_prompt
 
 HEADS, KV_HEADS, KEYS, SIZE = 6, 2, 300, 64
@@ -22,11 +22,11 @@ class Layer(torch.nn.Module):
     is_causal = True
 
 
-def _inputs(rows: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(rows: int = 5, seed: int = 0, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    query = torch.randn(1, HEADS, rows, SIZE, generator=generator)
-    key = torch.randn(1, KV_HEADS, KEYS, SIZE, generator=generator) * 2  # wide scores: a sharp softmax
-    value = torch.randn(1, KV_HEADS, KEYS, SIZE, generator=generator)
+    query = torch.randn(batch, HEADS, rows, SIZE, generator=generator)
+    key = torch.randn(batch, KV_HEADS, KEYS, SIZE, generator=generator) * 2  # wide scores: a sharp softmax
+    value = torch.randn(batch, KV_HEADS, KEYS, SIZE, generator=generator)
     return query, key, value
 
 
@@ -101,6 +101,42 @@ def test_it_is_attention_with_masks_grouped_heads_the_causal_flag_a_soft_cap_and
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="dropout=0.1"):
         exact_rows_attention(layer, query, key, value, seen, dropout=0.1)
+
+
+def test_masks_per_batch_row_and_per_head_and_a_float64_model():
+    query, key, value = _inputs(rows=3, seed=4, batch=2)
+    layer = Layer()
+    # each batch row and each head its own visible keys: a wrong head-to-group order or batch broadcast shows
+    ends = torch.arange(2 * HEADS).reshape(2, HEADS, 1, 1) * 7 + 150 + torch.arange(3).reshape(1, 1, 3, 1)
+    seen = torch.arange(KEYS).reshape(1, 1, 1, KEYS) <= ends  # (2, H, 3, T)
+    out = exact_rows_attention(layer, query, key, value, seen)[0]
+    torch.testing.assert_close(out.double(), _reference(query, key, value, seen, SIZE**-0.5), rtol=1e-5, atol=1e-6)
+    per_row = seen[:, :1]  # (2, 1, 3, T): one mask per batch row, shared by the heads
+    out = exact_rows_attention(layer, query, key, value, per_row)[0]
+    torch.testing.assert_close(out.double(), _reference(query, key, value, per_row, SIZE**-0.5), rtol=1e-5, atol=1e-6)
+    wide = exact_rows_attention(layer, query.double(), key.double(), value.double(), seen)[0]
+    assert wide.dtype == torch.float64  # a float64 model keeps float64 throughout
+    torch.testing.assert_close(wide, _reference(query, key, value, seen, SIZE**-0.5), rtol=1e-12, atol=1e-13)
+
+
+def test_eager_chunks_of_rows_give_the_whole_forwards_bits(monkeypatch):
+    import specdec.runtime.exact_attention as exact
+
+    query, key, value = _inputs(rows=7, seed=5)
+    whole = exact_rows_attention(Layer(), query, key, value, _chain_mask(7))[0]
+    shared = exact_rows_attention(Layer(), query, key, value, _chain_mask(1))[0]  # (1, 1, 1, T): every row's mask
+    monkeypatch.setattr(exact, "EAGER_CHUNK_BYTES", 2 * 4 * HEADS * KEYS * SIZE)  # two rows a chunk
+    chunks: list[int] = []
+    rows = exact._rows
+
+    def counted(query, *args):
+        chunks.append(query.shape[2])
+        return rows(query, *args)
+
+    monkeypatch.setattr(exact, "_rows", counted)
+    assert torch.equal(exact_rows_attention(Layer(), query, key, value, _chain_mask(7))[0], whole)
+    assert torch.equal(exact_rows_attention(Layer(), query, key, value, _chain_mask(1))[0], shared)
+    assert chunks == [2, 2, 2, 1] * 2  # the rows did run in chunks
 
 
 def test_a_prompts_forward_runs_float32_sdpa():

@@ -23,7 +23,7 @@ How. Each row is computed on its own, from elementwise products and sums, never 
 
 The key positions a row does not see add exact zeros, so a tree node's result is that of its
 path laid out as a chain, and a verify row's that of the one-row step at its position
-(`tests/test_wide_attention.py`). Compiled, inductor fuses it into a few loops over the cache: on
+(`tests/test_exact_attention.py`). Compiled, inductor fuses it into a few loops over the cache: on
 SmolLM2's shapes with 1024 cached positions one layer takes 0.12 ms for one row and 0.36 ms for
 five, where float64 SDPA, which an earlier version ran, took 0.70 and 1.38 ms. Eagerly it runs a
 few rows at a time, so as not to hold a product per key at once. A prompt's forward
@@ -42,9 +42,9 @@ import torch
 
 from specdec.runtime.whole_prompt import in_whole_prompt
 
-__all__ = ["WIDE_ATTENTION", "exact_rows_attention", "register_wide_attention"]
+__all__ = ["EXACT_ROWS", "exact_rows_attention", "register_exact_rows"]
 
-WIDE_ATTENTION = "exact_rows"  # the attention implementation's name in transformers' registry
+EXACT_ROWS = "exact_rows"  # the attention implementation's name in transformers' registry
 EAGER_CHUNK_BYTES = 1 << 24  # eagerly, rows at a time whose per-key products fit in this many bytes
 
 
@@ -72,7 +72,8 @@ def exact_rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     if torch.compiler.is_compiling():
         out = _rows(query, key, value, mask, scale, softcap, sinks)  # one fused graph: no chunks
     else:
-        chunk = max(1, EAGER_CHUNK_BYTES // (4 * heads * key.shape[2] * size * batch))
+        width = 8 if query.dtype == torch.float64 else 4  # bytes of one product per key
+        chunk = max(1, EAGER_CHUNK_BYTES // (width * heads * key.shape[2] * size * batch))
         out = torch.cat([_rows(query[:, :, start : start + chunk], key, value, _mask_rows(mask, start, chunk), scale,
                                softcap, sinks) for start in range(0, rows, chunk)], dim=2)
     return out.transpose(1, 2).contiguous(), None
@@ -114,8 +115,9 @@ def _rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:  # (B', 1 or H, q, T) -> (B', 1 or H_kv, 1 or G, q, T)
-        scores = scores + mask.to(work).reshape(mask.shape[0], -1 if mask.shape[1] == 1 else key.shape[1],
-                                       1 if mask.shape[1] == 1 else groups, *mask.shape[2:])
+        per_head = mask.shape[1] != 1
+        shape = (mask.shape[0], key.shape[1] if per_head else 1, groups if per_head else 1, *mask.shape[2:])
+        scores = scores + mask.to(work).reshape(shape)
     top = scores.amax(-1, keepdim=True)  # (B, H_kv, G, q, 1)
     if sinks is not None:  # a per-head logit that joins every row's softmax and adds no value
         sink = sinks.to(work).reshape(1, key.shape[1], groups, 1, 1)
@@ -129,11 +131,11 @@ def _rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     return out.to(query.dtype).reshape(batch, heads, rows, size)
 
 
-def register_wide_attention() -> str:
-    """Register `WIDE_ATTENTION` with transformers (once) and return its name."""
+def register_exact_rows() -> str:
+    """Register `EXACT_ROWS` with transformers (once) and return its name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(WIDE_ATTENTION, exact_rows_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(WIDE_ATTENTION, sdpa_mask)  # its masks are SDPA's
-    return WIDE_ATTENTION
+    AttentionInterface.register(EXACT_ROWS, exact_rows_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ROWS, sdpa_mask)  # its masks are SDPA's
+    return EXACT_ROWS
