@@ -52,6 +52,12 @@ class Costly:
         return Draft(ids[ctx.tokens.shape[0] :])
 
 
+def _timed(model: torch.nn.Module, kind: type[Costly], per_token: float, right: bool, **options: int) -> AutoDraft:
+    """`kind` drafting under `auto`, timed by a clock of its own (`Clock`)."""
+    clock = Clock()
+    return AutoDraft(kind(model, clock, per_token=per_token, right=right), clock=clock, **options)
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("llama", dtype=torch.float32, vocab_size=48, seed=2, layers=1)
@@ -69,8 +75,7 @@ def test_the_expected_gain_follows_the_acceptance_model():
 
 def test_a_drafter_that_costs_more_than_it_saves_is_turned_off_and_probed_again(model):
     plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
-    clock = Clock()
-    drafter = AutoDraft(Costly(model, clock, per_token=0.010, right=False), clock=clock)
+    drafter = _timed(model, Costly, per_token=0.010, right=False)
     trace = Trace()
     result = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW, trace=trace)
     assert result.tokens == plain
@@ -85,8 +90,7 @@ def test_a_drafter_that_costs_more_than_it_saves_is_turned_off_and_probed_again(
 
 def test_a_drafter_that_pays_keeps_drafting(model):
     plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
-    clock = Clock()
-    drafter = AutoDraft(Costly(model, clock, per_token=0.001, right=True), clock=clock)
+    drafter = _timed(model, Costly, per_token=0.001, right=True)
     result = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
     assert result.tokens == plain
     drafted = [d for d, _ in drafter.decisions]
@@ -106,8 +110,7 @@ class FirstRight(Costly):
 
 def test_auto_drafts_one_token_when_one_pays_and_more_do_not(model):
     plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
-    clock = Clock()
-    drafter = AutoDraft(FirstRight(model, clock, per_token=0.002, right=True), clock=clock)
+    drafter = _timed(model, FirstRight, per_token=0.002, right=True)
     result = specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
     assert result.tokens == plain
     whys = [why for _, why in drafter.decisions]
@@ -119,8 +122,7 @@ def test_auto_drafts_one_token_when_one_pays_and_more_do_not(model):
 
 
 def test_a_schedule_of_one_token_drafts_is_measured_and_turned_off(model):
-    clock = Clock()
-    drafter = AutoDraft(Costly(model, clock, per_token=0.010, right=False), start=1, clock=clock)
+    drafter = _timed(model, Costly, per_token=0.010, right=False, start=1)
     specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
     drafted = [d for d, _ in drafter.decisions]
     # every step asked for is one token, timed as a short step: measured twice, then off but for probes
@@ -147,9 +149,8 @@ def test_a_one_token_draft_runs_the_compiled_two_row_verify(model, strict_compil
 @pytest.mark.parametrize("pays", [False, True], ids=["costly", "paying"])
 def test_an_auto_drafter_starts_the_next_generation_from_what_it_measured(model, pays):
     plain = specdec.generate(model, PROMPT, max_new_tokens=NEW).tokens
-    clock = Clock()
     # a draft of 4 costs 0.4 plain steps: it pays at the first guess of acceptance (0.5), not once measured
-    drafter = AutoDraft(Costly(model, clock, per_token=0.001, right=pays), clock=clock)
+    drafter = _timed(model, Costly, per_token=0.001, right=pays)
     specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW)
     first = [d for d, _ in drafter.decisions]
     assert specdec.generate(model, PROMPT, drafter=drafter, max_new_tokens=NEW).tokens == plain

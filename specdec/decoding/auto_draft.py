@@ -149,7 +149,8 @@ class AutoDraft(AdaptiveDraftLength):
     def _options(self, rows: Rows, lengths: Mapping[int, int]) -> dict[str, tuple[float, dict[int, int]]]:
         """Each kind of drafting step on offer: (tokens it is expected to emit, each row's length).
         Where every row's scheduled length is one token, that is a short step."""
-        alphas = {row: acceptance(*self._alpha.get(row, prior_counts(self._pool))) for row in rows}
+        prior = prior_counts(self._pool)  # for a row that joined after the prefill
+        alphas = {row: acceptance(*self._alpha.get(row, prior)) for row in rows}
         short = (sum(1.0 + alphas[r] for r in rows), dict.fromkeys(rows, 1))
         if self._short and max(lengths.values()) == 1:
             return {SHORT: short}
